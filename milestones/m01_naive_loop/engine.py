@@ -1,0 +1,193 @@
+"""m01's engine: the most honest way to generate text, and the slowest.
+
+For each request, one at a time::
+
+    tokens = prompt
+    repeat until a stop condition:
+        logits = model(tokens)          # the WHOLE sequence, every step
+        tokens.append(sample(logits[-1]))
+
+Step ``n`` recomputes the keys and values of all ``prompt + n`` earlier tokens, so generating ``N`` tokens
+costs ``O(N * (P + N))`` token-passes and per-token latency grows with the sequence. m02 removes that by
+caching K and V; m03 and later fill the GPU with many requests at once.
+
+This class also holds what every later engine shares: loading the model and tokenizer, turning prompts into
+validated ``Request`` objects, stop conditions (in ``Request``), sampling, and building ``RequestOutput``s.
+Later milestones override ``run`` (how requests are scheduled) and the step functions.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+from tqdm.auto import tqdm
+
+from .attention import CausalAttention
+from .config import EngineConfig
+from .loader import load_model
+from .request import Request, RequestOutput
+from .sampler import Sampler
+from .sampling_params import SamplingParams
+from .stats import EngineStats
+from .tokenizer import load_tokenizer
+
+Prompt = str | list[int]
+
+
+class LLMEngine:
+    """Offline generation: ``LLMEngine(EngineConfig(...)).generate(prompts, SamplingParams(...))``."""
+
+    milestone = "m01_naive_loop"
+
+    def __init__(self, config: EngineConfig | None = None) -> None:
+        self.config = config if config is not None else EngineConfig()
+        self.device = self.config.resolve_device()
+        self.dtype = self.config.resolve_dtype(self.device)
+        loaded = load_model(self.config.model, self.device, self.dtype, seed=self.config.seed)
+        self.model, self.model_config = loaded.model, loaded.config
+        self.tokenizer = load_tokenizer(loaded.checkpoint_dir)
+        self.vocab_size = self.model_config.vocab_size
+        self.max_model_len = self._resolve_max_model_len()
+        self.eos_token_ids = self._eos_token_ids(loaded.checkpoint_dir)
+        self.sampler = Sampler(seed=self.config.seed)
+        self.stats = EngineStats()  # reset by every generate() call
+        self._request_ids = itertools.count()
+
+    # ------------------------------------------------------------------ public API
+
+    @torch.inference_mode()
+    def generate(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+    ) -> list[RequestOutput]:
+        """Generate for every prompt; outputs come back in prompt order.
+
+        ``prompts`` are strings or lists of token ids; ``sampling_params`` is one ``SamplingParams`` for all
+        or one per prompt. Every prompt is validated before any work starts, so bad input costs nothing.
+        """
+        prompts = self._as_prompt_list(prompts)
+        params = self._as_params_list(sampling_params, len(prompts))
+        requests = [self.make_request(p, sp) for p, sp in zip(prompts, params)]
+        self.stats = EngineStats()
+        with tqdm(total=len(requests), desc=self.milestone, unit="req", disable=not use_tqdm) as bar:
+            self.run(requests, on_finish=lambda _: bar.update(1))
+        return [self.make_output(r) for r in requests]
+
+    # ------------------------------------------------------------------ scheduling (overridden later)
+
+    def run(self, requests: list[Request], on_finish: Callable[[Request], None]) -> None:
+        """m01 and m02: requests run one after another, each to completion."""
+        for request in requests:
+            self.generate_one(request)
+            self.sampler.release(request)
+            on_finish(request)
+
+    def generate_one(self, request: Request) -> None:
+        """m01: every step runs the model over every token of the sequence."""
+        while not request.is_finished:
+            ids = torch.tensor([request.all_token_ids], device=self.device)
+            positions = torch.arange(ids.shape[1], device=self.device)[None, :]
+            hidden = self.model(ids, positions, CausalAttention())
+            self.stats.steps += 1
+            self.stats.tokens_computed += ids.shape[1]
+            self.stats.prompt_tokens_computed += request.num_prompt_tokens
+            self.sample_and_append(hidden[:, -1], [request])
+
+    def sample_and_append(self, last_hidden: torch.Tensor, requests: list[Request]) -> None:
+        """LM head on one hidden row per request, sample, and append each token (which may finish it)."""
+        tokens = self.sampler(self.model.compute_logits(last_hidden), requests)
+        now = time.perf_counter()
+        for request, token in zip(requests, tokens):
+            request.append_token(token, now)
+
+    # ------------------------------------------------------------------ requests in, outputs out
+
+    def make_request(self, prompt: Prompt, params: SamplingParams) -> Request:
+        """Tokenize and validate one prompt; raises ``ValueError`` naming what is wrong."""
+        request_id = str(next(self._request_ids))
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"request {request_id}: sampling params must be SamplingParams, got {type(params)}")
+        if isinstance(prompt, str):
+            if not prompt:
+                raise ValueError(f"request {request_id}: the prompt is an empty string")
+            token_ids = self.tokenizer.encode(prompt, add_special_tokens=False)
+            text = prompt
+        elif isinstance(prompt, (list, tuple)) and all(isinstance(t, int) for t in prompt):
+            token_ids, text = list(prompt), None
+            bad = [t for t in token_ids if not 0 <= t < self.vocab_size]
+            if bad:
+                raise ValueError(f"request {request_id}: token ids {bad[:5]} are outside [0, {self.vocab_size})")
+        else:
+            raise ValueError(f"request {request_id}: a prompt is a string or a list of token ids, got {prompt!r:.80}")
+        if not token_ids:
+            raise ValueError(f"request {request_id}: the prompt has no tokens")
+        total = len(token_ids) + params.max_tokens
+        if total > self.max_model_len:
+            raise ValueError(
+                f"request {request_id}: prompt ({len(token_ids)} tokens) + max_tokens ({params.max_tokens}) = "
+                f"{total} exceeds max_model_len ({self.max_model_len})"
+            )
+        return Request(request_id, token_ids, params, self.eos_token_ids, prompt=text)
+
+    def make_output(self, request: Request) -> RequestOutput:
+        return RequestOutput(
+            request_id=request.request_id,
+            prompt=request.prompt,
+            prompt_token_ids=request.prompt_token_ids,
+            token_ids=list(request.output_token_ids),
+            text=self.tokenizer.decode(request.output_token_ids, skip_special_tokens=True),
+            finish_reason=request.finish_reason,
+            metrics=request.metrics,
+        )
+
+    # ------------------------------------------------------------------ helpers
+
+    @staticmethod
+    def _as_prompt_list(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
+        if isinstance(prompts, str):
+            return [prompts]
+        prompts = list(prompts)
+        if prompts and all(isinstance(p, int) for p in prompts):
+            raise ValueError("prompts must be a list of prompts; wrap one token-id prompt as [[id, id, ...]]")
+        if not prompts:
+            raise ValueError("no prompts given")
+        return prompts
+
+    @staticmethod
+    def _as_params_list(params: SamplingParams | Sequence[SamplingParams] | None, n: int) -> list[SamplingParams]:
+        if params is None:
+            return [SamplingParams()] * n
+        if isinstance(params, SamplingParams):
+            return [params] * n
+        params = list(params)
+        if len(params) != n:
+            raise ValueError(f"got {n} prompts but {len(params)} sampling params; pass one, or one per prompt")
+        return params
+
+    def _resolve_max_model_len(self) -> int:
+        limit = self.model_config.max_position_embeddings
+        wanted = self.config.max_model_len
+        if wanted is None:
+            return limit
+        if not 1 <= wanted <= limit:
+            raise ValueError(f"max_model_len must be in [1, {limit}] for this model, got {wanted}")
+        return wanted
+
+    def _eos_token_ids(self, checkpoint_dir) -> frozenset[int]:
+        """EOS ids from config.json, plus generation_config.json where the checkpoint has one (Qwen3 lists two)."""
+        ids: set[int] = set()
+        sources = [self.model_config.eos_token_id]
+        if checkpoint_dir is not None and (checkpoint_dir / "generation_config.json").is_file():
+            sources.append(json.loads((checkpoint_dir / "generation_config.json").read_text()).get("eos_token_id"))
+        for value in sources:
+            if isinstance(value, int):
+                ids.add(value)
+            elif isinstance(value, list):
+                ids.update(v for v in value if isinstance(v, int))
+        return frozenset(ids)
