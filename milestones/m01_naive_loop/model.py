@@ -54,7 +54,7 @@ def rope_theta(config: Qwen3Config) -> float:
 
 
 class RMSNorm(nn.Module):
-    """``x / sqrt(mean(x^2) + eps) * weight``, normalised in float32 then cast back (as transformers does)."""
+    """``x / sqrt(mean(x^2) + eps) * weight``."""
 
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
@@ -62,32 +62,41 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
-        return self.weight * normed.to(x.dtype)
+        # One fused kernel (it accumulates in float32 internally). transformers rounds to the weight dtype
+        # once more before the multiply; in float32 the two agree, in bfloat16 they differ in the last bit.
+        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
 
 
 class RotaryEmbedding(nn.Module):
     """Precomputed cos/sin tables indexed by position.
 
-    Pair ``(x_i, x_{i+d/2})`` at position ``p`` is rotated by angle ``p * theta^(-2i/d)``. The tables are built in
-    float32 (the product ``p * inv_freq`` is exact there) and cast to the model's dtype with the weights.
+    Pair ``(x_i, x_{i+d/2})`` at position ``p`` is rotated by angle ``p * theta^(-2i/d)``::
+
+        out_i       = x_i * cos - x_{i+d/2} * sin
+        out_{i+d/2} = x_{i+d/2} * cos + x_i * sin
+
+    The tables are built in float32 (the product ``p * inv_freq`` is exact there) and cast to the model's dtype
+    with the weights. ``lookup`` runs once per forward pass; every layer reuses its result.
     """
 
     def __init__(self, head_dim: int, max_positions: int, theta: float) -> None:
         super().__init__()
         inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
         angles = torch.arange(max_positions, dtype=torch.float)[:, None] * inv_freq[None, :]
-        angles = torch.cat([angles, angles], dim=-1)  # [max_positions, head_dim], "rotate half" layout
-        self.register_buffer("cos", angles.cos(), persistent=False)
-        self.register_buffer("sin", angles.sin(), persistent=False)
+        self.register_buffer("cos", torch.cat([angles.cos(), angles.cos()], dim=-1), persistent=False)
+        # The sign of the "rotate half" trick lives in the table: [-sin, +sin] pairs with [x_{i+d/2}, x_i].
+        self.register_buffer("signed_sin", torch.cat([-angles.sin(), angles.sin()], dim=-1), persistent=False)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        # x: [..., T, heads, head_dim]; positions: [..., T] -> tables broadcast over the heads axis.
-        cos = self.cos[positions].unsqueeze(-2)
-        sin = self.sin[positions].unsqueeze(-2)
-        half = x.shape[-1] // 2
-        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-        return x * cos + rotated * sin
+    def lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``positions [..., T]`` -> cos and signed sin ``[..., T, 1, head_dim]`` (broadcast over heads)."""
+        return self.cos[positions].unsqueeze(-2), self.signed_sin[positions].unsqueeze(-2)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """Rotate ``x [..., T, heads, head_dim]`` by the angles of its positions."""
+    half = x.shape[-1] // 2
+    swapped = torch.cat([x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + swapped * signed_sin
 
 
 class Qwen3Attention(nn.Module):
@@ -108,14 +117,12 @@ class Qwen3Attention(nn.Module):
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
 
-    def forward(
-        self, x: torch.Tensor, positions: torch.Tensor, rope: RotaryEmbedding, attention: AttentionFn
-    ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], attention: AttentionFn) -> torch.Tensor:
         lead = x.shape[:-1]
         q = self.q_norm(self.q_proj(x).view(*lead, self.num_heads, self.head_dim))
         k = self.k_norm(self.k_proj(x).view(*lead, self.num_kv_heads, self.head_dim))
         v = self.v_proj(x).view(*lead, self.num_kv_heads, self.head_dim)
-        q, k = rope(q, positions), rope(k, positions)
+        q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         out = attention(self.layer_idx, q, k, v)
         return self.o_proj(out.reshape(*lead, self.num_heads * self.head_dim))
 
@@ -143,10 +150,8 @@ class Qwen3DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = Qwen3MLP(config)
 
-    def forward(
-        self, x: torch.Tensor, positions: torch.Tensor, rope: RotaryEmbedding, attention: AttentionFn
-    ) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), positions, rope, attention)
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], attention: AttentionFn) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), rope, attention)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -163,8 +168,9 @@ class Qwen3Model(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attention: AttentionFn) -> torch.Tensor:
         x = self.embed_tokens(input_ids)
+        rope = self.rotary_emb.lookup(positions)
         for layer in self.layers:
-            x = layer(x, positions, self.rotary_emb, attention)
+            x = layer(x, rope, attention)
         return self.norm(x)
 
 
