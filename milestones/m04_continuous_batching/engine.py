@@ -108,9 +108,9 @@ class LLMEngine(StaticBatchingEngine):
             touched = batch.decodes
         else:
             raise RuntimeError("scheduler produced an empty step while requests are waiting")  # invariant
+        self.record_kv_usage()  # before finished requests give their regions back: this step used them
         for request in self.scheduler.remove_finished():
             self.sampler.release(request)
-        self.record_kv_usage()
         return touched
 
     def region_starts(self, requests: list[Request]) -> torch.Tensor:
@@ -150,5 +150,5 @@ class LLMEngine(StaticBatchingEngine):
     def record_kv_usage(self) -> None:
         """Peak K/V reserved (whole regions) against used (tokens actually cached) so far."""
         allocator = self.scheduler.allocator
-        cached = sum(r.num_tokens - 1 for r in self.scheduler.running)
+        cached = sum(r.num_tokens - 1 for r in self.scheduler.running)  # the newest token is not cached yet
         self.stats.record_kv(allocator.reserved_slots * self.kv_bytes_per_token, cached * self.kv_bytes_per_token)

@@ -1,0 +1,130 @@
+"""m04: continuous batching and the step API give each request exactly its solo (and transformers') tokens."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import GREEDY_MAX_TOKENS, hf_greedy, mixed_length_prompts, random_prompts
+from milestones.m01_naive_loop import SamplingParams
+
+GREEDY = SamplingParams(max_tokens=GREEDY_MAX_TOKENS, ignore_eos=True)
+M04 = "m04_continuous_batching"
+
+
+@pytest.mark.parametrize("max_num_seqs", [1, 2, 5, 16])
+def test_greedy_matches_transformers_for_any_batch(tiny_checkpoint, engine_factory, hf_reference, max_num_seqs):
+    engine = engine_factory(M04, tiny_checkpoint[0], max_num_seqs=max_num_seqs, kv_cache_tokens=2048)
+    outputs = engine.generate(mixed_length_prompts(), GREEDY, use_tqdm=False)
+    assert [o.token_ids for o in outputs] == hf_reference
+
+
+def test_mixed_lengths_match_transformers_m03_and_m02(tiny_checkpoint, engine_factory):
+    directory, hf_model = tiny_checkpoint
+    prompts = random_prompts(9, 1, 50, seed=7)
+    params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in (1, 14, 3, 20, 5, 12, 2, 9, 16)]
+    m04 = engine_factory(M04, directory, max_num_seqs=3, kv_cache_tokens=2048).generate(prompts, params, use_tqdm=False)
+    m03 = engine_factory("m03_static_batching", directory, max_num_seqs=3).generate(prompts, params, use_tqdm=False)
+    m02 = engine_factory("m02_kv_cache", directory).generate(prompts, params, use_tqdm=False)
+    for prompt, p, a, b, c in zip(prompts, params, m04, m03, m02):
+        assert a.token_ids == b.token_ids == c.token_ids == hf_greedy(hf_model, prompt, p.max_tokens)
+
+
+def test_requests_added_mid_decode(tiny_checkpoint, engine_factory):
+    directory, hf_model = tiny_checkpoint
+    engine = engine_factory(M04, directory, max_num_seqs=4, kv_cache_tokens=2048)
+    prompts = random_prompts(5, 2, 40, seed=11)
+    lengths = [15, 4, 10, 7, 12]
+    ids = [engine.add_request(prompts[i], SamplingParams(max_tokens=lengths[i], ignore_eos=True)) for i in (0, 1)]
+    tokens: dict[str, list[int]] = {}
+    for _ in range(6):  # the first two are mid-decode when the others arrive
+        for out in engine.step():
+            tokens[out.request_id] = out.token_ids
+    assert 0 < len(tokens[ids[0]]) < lengths[0]
+    ids += [engine.add_request(prompts[i], SamplingParams(max_tokens=lengths[i], ignore_eos=True)) for i in (2, 3, 4)]
+    finish = {}
+    while engine.has_unfinished():
+        for out in engine.step():
+            tokens[out.request_id] = out.token_ids
+            finish[out.request_id] = out.finish_reason
+    for i, request_id in enumerate(ids):
+        assert tokens[request_id] == hf_greedy(hf_model, prompts[i], lengths[i])
+        assert finish.get(request_id, "length") == "length"
+    assert engine.scheduler.allocator.reserved_slots == 0
+
+
+def test_step_outputs_carry_the_new_token(tiny_checkpoint, engine_factory):
+    engine = engine_factory(M04, tiny_checkpoint[0], max_num_seqs=2, kv_cache_tokens=2048)
+    request_id = engine.add_request([5, 6, 7], SamplingParams(max_tokens=3, ignore_eos=True))
+    seen = []
+    while engine.has_unfinished():
+        (out,) = engine.step()
+        assert out.request_id == request_id
+        seen.append(list(out.token_ids))
+    assert [len(s) for s in seen] == [1, 2, 3]
+    assert seen[0] == seen[2][:1] and seen[1] == seen[2][:2]
+
+
+def test_abort_frees_the_request(tiny_checkpoint, engine_factory):
+    engine = engine_factory(M04, tiny_checkpoint[0], max_num_seqs=1, kv_cache_tokens=2048)
+    running = engine.add_request([5] * 10, SamplingParams(max_tokens=30, ignore_eos=True))
+    waiting = engine.add_request([6] * 10, SamplingParams(max_tokens=30, ignore_eos=True))
+    engine.step()
+    engine.step()
+    allocator = engine.scheduler.allocator
+    assert allocator.reserved_slots == 39  # running holds prompt + max_tokens - 1 slots; waiting holds none
+    assert engine.abort(waiting) is True
+    assert engine.abort(running) is True
+    assert allocator.reserved_slots == 0 and allocator.largest_free_range == allocator.capacity
+    assert not engine.has_unfinished()
+    assert engine.abort(running) is False and engine.abort("no-such-id") is False
+    # The engine keeps working after aborts.
+    other = engine.add_request([7] * 4, SamplingParams(max_tokens=2, ignore_eos=True))
+    outs = []
+    while engine.has_unfinished():
+        outs += engine.step()
+    assert outs[-1].request_id == other and outs[-1].finish_reason == "length"
+
+
+def test_small_pool_queues_requests_but_stays_exact(tiny_checkpoint, engine_factory, hf_reference):
+    # Room for one or two requests at a time: admission waits for K/V, the answers do not change.
+    engine = engine_factory(M04, tiny_checkpoint[0], max_num_seqs=8, kv_cache_tokens=80)
+    outputs = engine.generate(mixed_length_prompts(), GREEDY, use_tqdm=False)
+    assert [o.token_ids for o in outputs] == hf_reference
+    assert engine.stats.kv_reserved_peak_bytes <= 80 * engine.kv_bytes_per_token
+    assert engine.stats.kv_used_peak_bytes <= engine.stats.kv_reserved_peak_bytes
+
+
+def test_request_larger_than_the_pool_is_rejected(tiny_checkpoint, engine_factory):
+    engine = engine_factory(M04, tiny_checkpoint[0], max_num_seqs=2, kv_cache_tokens=32)
+    with pytest.raises(ValueError, match="K/V slots"):
+        engine.add_request([5] * 20, SamplingParams(max_tokens=20))
+    with pytest.raises(ValueError, match="K/V slots"):
+        engine.generate([[5] * 3, [5] * 20], SamplingParams(max_tokens=20), use_tqdm=False)
+    assert not engine.has_unfinished()  # nothing was queued
+
+
+def test_reserved_memory_exceeds_used_when_requests_stop_early(tiny_checkpoint, engine_factory):
+    engine = engine_factory(M04, tiny_checkpoint[0], max_num_seqs=4, kv_cache_tokens=4096)
+    prompt = random_prompts(1, 10, 10, seed=2)[0]
+    first = engine.generate([prompt], SamplingParams(max_tokens=6, ignore_eos=True), use_tqdm=False)[0]
+    stop = first.token_ids[2]  # stop at the third token although max_tokens allows 200
+    engine.generate([prompt] * 4, SamplingParams(max_tokens=200, stop_token_ids=[stop]), use_tqdm=False)
+    stats = engine.stats
+    assert stats.kv_reserved_peak_bytes == 4 * (10 + 200 - 1) * engine.kv_bytes_per_token
+    assert stats.kv_used_peak_bytes < stats.kv_reserved_peak_bytes / 10
+
+
+def test_seeded_sampling_matches_m02(tiny_checkpoint, engine_factory):
+    directory = tiny_checkpoint[0]
+    prompts = random_prompts(4, 3, 30, seed=9)
+    params = [SamplingParams(max_tokens=10, temperature=0.9, top_p=0.9, seed=100 + i, ignore_eos=True) for i in range(4)]
+    m04 = engine_factory(M04, directory, max_num_seqs=3, kv_cache_tokens=2048).generate(prompts, params, use_tqdm=False)
+    m02 = engine_factory("m02_kv_cache", directory).generate(prompts, params, use_tqdm=False)
+    assert [o.token_ids for o in m04] == [o.token_ids for o in m02]
+
+
+def test_kv_cache_tokens_must_be_positive():
+    from milestones.m04_continuous_batching import EngineConfig
+
+    with pytest.raises(ValueError, match="kv_cache_tokens"):
+        EngineConfig(kv_cache_tokens=0)
