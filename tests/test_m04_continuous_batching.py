@@ -128,3 +128,19 @@ def test_kv_cache_tokens_must_be_positive():
 
     with pytest.raises(ValueError, match="kv_cache_tokens"):
         EngineConfig(kv_cache_tokens=0)
+
+
+def test_unwritten_pool_memory_is_never_read(tiny_checkpoint, engine_factory):
+    # A fresh pool holds whatever memory held before. Poison it: any read of a slot nobody wrote (even one
+    # masked out of attention: 0 * NaN = NaN) turns the tokens into garbage. Equal prompt lengths mean no
+    # padding is ever written; unequal output lengths make decode rows of different lengths.
+    directory, hf_model = tiny_checkpoint
+    engine = engine_factory(M04, directory, max_num_seqs=3, kv_cache_tokens=512)
+    engine.kv_pool.k.fill_(float("nan"))
+    engine.kv_pool.v.fill_(float("nan"))
+    prompts = random_prompts(6, 10, 10, seed=4)
+    lengths = [3, 14, 6, 11, 2, 9]
+    outputs = engine.generate(prompts, [SamplingParams(max_tokens=n, ignore_eos=True) for n in lengths],
+                              use_tqdm=False)
+    for prompt, n, out in zip(prompts, lengths, outputs):
+        assert out.token_ids == hf_greedy(hf_model, prompt, n)

@@ -69,6 +69,7 @@ class CachedAttention:
         return sdpa(q, keys, values, attn_mask=self.causal_mask(q.device))
 
     def causal_mask(self, device: torch.device) -> torch.Tensor:
-        """``[T, end]`` bool: new token ``i`` (at slot ``start + i``) sees slots ``<= start + i``."""
+        """``[1, 1, T, end]`` bool (``sdpa``'s mask layout): new token ``i`` (at slot ``start + i``) sees slots
+        ``<= start + i``."""
         query_slots = torch.arange(self.start, self.end, device=device)[:, None]
-        return torch.arange(self.end, device=device)[None, :] <= query_slots
+        return (torch.arange(self.end, device=device)[None, :] <= query_slots)[None, None]

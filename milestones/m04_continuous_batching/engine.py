@@ -140,7 +140,9 @@ class LLMEngine(StaticBatchingEngine):
         slot_mapping = starts[:, None] + positions
         offsets = torch.arange(int(lengths.max()), device=self.device)[None, :]
         is_key = offsets < lengths[:, None]
-        kv_indices = torch.where(is_key, starts[:, None] + offsets, self.kv_pool.trash_slot)
+        # Rows shorter than the longest still gather S keys; point the extra ones at the row's first slot.
+        # They are masked out, but must hold finite numbers: a zero attention weight times NaN is still NaN.
+        kv_indices = torch.where(is_key, starts[:, None] + offsets, starts[:, None])
         attention = DecodeAttention(self.kv_pool, slot_mapping, kv_indices, is_key[:, None, None, :])
         hidden = self.model(ids, positions, attention)
         self.stats.steps += 1

@@ -6,7 +6,8 @@ attention *metadata* once and every layer reads it:
 * ``slot_mapping`` ``[B, T]``: the pool slot where each new token's K and V are written (padding goes to a
   spare "trash" slot at the end of the pool that nobody reads);
 * for decode steps, ``kv_indices`` ``[B, S]``: the pool slots of every key each row may read, with
-  ``key_mask`` ``[B, 1, 1, S]`` saying which of them are real (rows are as long as the longest one).
+  ``key_mask`` ``[B, 1, 1, S]`` saying which of them are real (rows are as long as the longest one; the
+  extra indices of shorter rows point at slots the row has written, never at uninitialised memory).
 
 Decode attention *gathers* each row's keys into a dense ``[B, S, heads, dim]`` tensor and runs
 ``scaled_dot_product_attention`` on it: simple, but it copies the K/V it reads. m08's Triton kernel reads
