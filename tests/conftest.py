@@ -54,3 +54,98 @@ def hf_greedy(model, prompt_ids: list[int], max_new_tokens: int, ignore_eos: boo
 def random_prompts(n: int, min_len: int, max_len: int, seed: int = 0) -> list[list[int]]:
     rng = random.Random(seed)
     return [[rng.randrange(4, VOCAB) for _ in range(rng.randint(min_len, max_len))] for _ in range(n)]
+
+
+# --------------------------------------------------------------------------- shared by the m01/m02 engine tests
+
+# Prompt lengths for the greedy-equivalence tests: from one token up to ~60.
+PROMPT_LENGTHS = (1, 2, 3, 6, 11, 19, 30, 44, 60)
+GREEDY_MAX_TOKENS = 12
+
+
+def mixed_length_prompts(seed: int = 1) -> list[list[int]]:
+    """One prompt per length in ``PROMPT_LENGTHS`` (ids 4..VOCAB-1, so never EOS or a special id)."""
+    rng = random.Random(seed)
+    return [[rng.randrange(4, VOCAB) for _ in range(n)] for n in PROMPT_LENGTHS]
+
+
+@pytest.fixture(scope="session")
+def tokenizer_cache(tmp_path_factory):
+    """Engines on a tokenizer-less checkpoint fall back to Qwen3's built-in tokenizer, which is cached on disk.
+
+    Point that cache at a temp dir so tests never write the user's cache; seed it from the user's cache when
+    one exists, so it is not rebuilt from the ranks (several seconds).
+    """
+    import shutil
+
+    from milestones.m01_naive_loop import tokenizer as tokmod
+
+    root = tmp_path_factory.mktemp("engine-tokenizer-cache")
+    existing = tokmod.cache_dir()
+    if (existing / "tokenizer.json").is_file():
+        shutil.copytree(existing, root / tokmod.CACHE_SUBDIR)
+    mp = pytest.MonkeyPatch()
+    mp.setenv("NANOSERVE_CACHE", str(root))
+    tokmod.qwen3_tokenizer.cache_clear()
+    yield root
+    mp.undo()
+    tokmod.qwen3_tokenizer.cache_clear()
+
+
+@pytest.fixture(scope="session")
+def engine_factory(tokenizer_cache):
+    """``make(milestone, directory, **EngineConfig kwargs)``: one engine per (milestone, checkpoint, config)."""
+    import importlib
+
+    engines = {}
+
+    def make(milestone: str, directory, **config_kwargs):
+        key = (milestone, str(directory), tuple(sorted(config_kwargs.items())))
+        if key not in engines:
+            module = importlib.import_module(f"milestones.{milestone}")
+            config = module.EngineConfig(model=str(directory), device="cpu", **config_kwargs)
+            engines[key] = module.LLMEngine(config)
+        return engines[key]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def m01_engine(tiny_checkpoint, engine_factory):
+    return engine_factory("m01_naive_loop", tiny_checkpoint[0])
+
+
+@pytest.fixture(scope="session")
+def m02_engine(tiny_checkpoint, engine_factory):
+    return engine_factory("m02_kv_cache", tiny_checkpoint[0])
+
+
+@pytest.fixture(scope="session")
+def hf_reference(tiny_checkpoint):
+    """transformers' greedy tokens (``GREEDY_MAX_TOKENS``, EOS ignored) for each of ``mixed_length_prompts()``."""
+    _, model = tiny_checkpoint
+    return [hf_greedy(model, prompt, GREEDY_MAX_TOKENS) for prompt in mixed_length_prompts()]
+
+
+@pytest.fixture(scope="session")
+def tied_checkpoint(tmp_path_factory):
+    """A single tied checkpoint, for tests that need one model but not both embedding layouts."""
+    directory = tmp_path_factory.mktemp("tied-only")
+    return directory, save_tiny_checkpoint(directory, tie_word_embeddings=True)
+
+
+@pytest.fixture(scope="session")
+def wide_tied_checkpoint(tmp_path_factory):
+    """Tied embeddings, weights drawn with std 0.3 instead of transformers' 0.02.
+
+    With std 0.02 a tied tiny model's residual stream stays close to the input embedding, so greedy decoding
+    mostly repeats the last prompt token, and a greedy comparison on it says little about attention. Wider
+    weights make it produce varied tokens.
+    """
+    directory = tmp_path_factory.mktemp("wide-tied")
+    config = tiny_hf_config(tie_word_embeddings=True)
+    config.initializer_range = 0.3
+    torch.manual_seed(0)
+    model = Qwen3ForCausalLM(config).eval()
+    model.save_pretrained(directory)
+    return directory, model
