@@ -138,7 +138,7 @@ class LLMEngine(StaticBatchingEngine):
         ids = torch.tensor([[r.output_token_ids[-1]] for r in requests], device=self.device)
         positions = (lengths - 1)[:, None]
         slot_mapping = starts[:, None] + positions
-        offsets = torch.arange(int(lengths.max()), device=self.device)[None, :]
+        offsets = torch.arange(max(r.num_tokens for r in requests), device=self.device)[None, :]
         is_key = offsets < lengths[:, None]
         # Rows shorter than the longest still gather S keys; point the extra ones at the row's first slot.
         # They are masked out, but must hold finite numbers: a zero attention weight times NaN is still NaN.

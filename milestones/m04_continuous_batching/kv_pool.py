@@ -66,10 +66,13 @@ class DecodeAttention:
 
     def __init__(self, pool: KVPool, slot_mapping: torch.Tensor, kv_indices: torch.Tensor,
                  key_mask: torch.Tensor) -> None:
-        self.pool, self.slot_mapping, self.kv_indices, self.key_mask = pool, slot_mapping, kv_indices, key_mask
+        self.pool, self.slot_mapping, self.key_mask = pool, slot_mapping, key_mask
+        self.rows, self.keys_per_row = kv_indices.shape
+        self.flat_indices = kv_indices.reshape(-1)
 
     def __call__(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         self.pool.write(layer_idx, self.slot_mapping, k, v)
-        keys = self.pool.k[layer_idx][self.kv_indices]  # [B, S, kv_heads, head_dim]: a gathered copy
-        values = self.pool.v[layer_idx][self.kv_indices]
+        shape = (self.rows, self.keys_per_row, *k.shape[-2:])  # [B, S, kv_heads, head_dim]: a gathered copy
+        keys = self.pool.k[layer_idx].index_select(0, self.flat_indices).view(shape)
+        values = self.pool.v[layer_idx].index_select(0, self.flat_indices).view(shape)
         return sdpa(q, keys, values, attn_mask=self.key_mask)

@@ -1,0 +1,16 @@
+"""The measuring instrument: named workloads, a harness that runs any milestone (or a transformers baseline) on
+them, and one-call GPU suites. See ``docs/benchmarks.md``.
+
+From Python::
+
+    from benchmarks import run_benchmark, save_result
+    result = run_benchmark("m02", "single", model="tiny", device="cpu")
+    save_result(result, "benchmarks/results")
+
+From a shell: ``python -m benchmarks.run --milestone m02 --workload single --model tiny --device cpu``.
+"""
+
+from .harness import run_benchmark, run_many, save_result
+from .workloads import WORKLOADS, get_workload
+
+__all__ = ["WORKLOADS", "get_workload", "run_benchmark", "run_many", "save_result"]

@@ -1,0 +1,374 @@
+"""transformers as the yardstick: ``generate`` on static batches (``hf-static``) and its continuous batching
+manager (``hf-cb``), on exactly our weights.
+
+Both use ``transformers.Qwen3ForCausalLM`` built from our preset's config with ``attn_implementation="sdpa"``,
+with the weights copied from our own engine's model (same seed, same values), in the same dtype.
+
+**hf-static** mimics what a naive server does: batches of ``max_num_seqs`` (64) requests in request order, left
+padding to the longest prompt of the batch, ``max_new_tokens`` = the longest output asked for in the batch, no
+EOS stop. Each request is credited only its own requested output tokens (the first ``max_tokens`` of its row);
+every other position computed counts in ``padding_tokens``. Per-token times come from a stopping criterion
+that records the time after each decoding step.
+
+**hf-cb** uses transformers' continuous batching (paged K/V cache, a background generation thread). The manager
+API (``init_continuous_batching`` -> ``add_request(..., max_new_tokens=...)`` -> ``get_result``) is the same in
+transformers 5.17 and 5.24 and takes a per-request ``max_new_tokens``; version differences are guarded
+(``ContinuousBatchingConfig`` fields such as ``auto_switch_to_flash`` exist only in newer versions, ``warmup``
+and ``workload_hints`` are used only where present). Where the manager API is missing entirely, the
+runner falls back to ``generate_batch`` with one shared ``max_new_tokens`` (the longest asked for) and keeps
+each request's first ``max_tokens`` tokens; the result's config then says ``per_request_max_new_tokens: false``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import logging
+import time
+
+import torch
+
+from milestones.m01_naive_loop.config import EngineConfig
+from milestones.m01_naive_loop.loader import PRESETS, load_model, preset_config
+from milestones.m01_naive_loop.request import RequestMetrics, RequestOutput
+
+from .harness import PhaseResult, Runner, _jsonable, _sync, warmup_requests
+from .workloads import MAX_IN_FLIGHT, Phase, RequestSpec, Workload
+
+PAD_ID = 0  # any id works: padded positions are masked out
+
+
+def _quiet_transformers() -> None:
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    logging.getLogger("ContinuousBatchingLogger").setLevel(logging.ERROR)
+
+
+def build_hf_model(model: str, device: torch.device, dtype: torch.dtype, seed: int):
+    """``transformers.Qwen3ForCausalLM`` with our engine's weights (presets) or the checkpoint's (directories)."""
+    import transformers
+
+    if model in PRESETS:
+        config = preset_config(model)
+        config._attn_implementation = "sdpa"
+        with torch.device(device):
+            hf = transformers.Qwen3ForCausalLM(config)
+        ours = load_model(model, device, dtype, seed=seed).model
+        hf.to(dtype)
+        missing, unexpected = hf.load_state_dict(ours.state_dict(), strict=False)
+        missing = [k for k in missing if not (config.tie_word_embeddings and k == "lm_head.weight")]
+        if missing or unexpected:
+            raise RuntimeError(f"weights do not line up: missing {missing[:3]}, unexpected {unexpected[:3]}")
+        del ours
+    else:
+        hf = transformers.Qwen3ForCausalLM.from_pretrained(model, dtype=dtype, attn_implementation="sdpa").to(device)
+    hf.eval().requires_grad_(False)
+    hf.generation_config.eos_token_id = None  # ignore_eos: never stop early
+    hf.generation_config.pad_token_id = PAD_ID
+    return hf
+
+
+def _kv_bytes_per_token(config, dtype: torch.dtype) -> int:
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim * torch.empty((), dtype=dtype).element_size()
+
+
+def _output(request_id: str, spec: RequestSpec, tokens: list[int], arrival: float, times: list[float]) -> RequestOutput:
+    times = times[: len(tokens)]
+    metrics = RequestMetrics(arrival_time=arrival, first_token_time=times[0] if times else None,
+                             token_times=list(times), finish_time=times[-1] if times else None)
+    return RequestOutput(request_id=request_id, prompt=None, prompt_token_ids=list(spec.prompt_token_ids),
+                         token_ids=list(tokens), text="", finish_reason="length", metrics=metrics)
+
+
+class _BaselineRunner(Runner):
+    def __init__(self, workload: Workload, model: str, device: str, dtype: str, seed: int,
+                 overrides: dict | None = None) -> None:
+        _quiet_transformers()
+        shared = EngineConfig(model=model, device=device, dtype=dtype, seed=seed)
+        self.device, self.dtype = shared.resolve_device(), None
+        self.dtype = shared.resolve_dtype(self.device)
+        self.model_name, self.seed = model, seed
+        self.overrides = dict(overrides or {})
+        self.max_num_seqs = int(self.overrides.pop("max_num_seqs", workload.max_num_seqs or MAX_IN_FLIGHT))
+        self.model = build_hf_model(model, self.device, self.dtype, seed)
+        self.kv_bytes_per_token = _kv_bytes_per_token(self.model.config, self.dtype)
+
+    def _base_knobs(self) -> dict:
+        import transformers
+
+        return {"model": self.model_name, "device": str(self.device),
+                "dtype": str(self.dtype).removeprefix("torch."), "seed": self.seed,
+                "max_num_seqs": self.max_num_seqs, "transformers": transformers.__version__,
+                "attn_implementation": getattr(self.model.config, "_attn_implementation", None)}
+
+    def close(self) -> None:
+        del self.model
+
+
+# --------------------------------------------------------------------------- static batches
+
+
+class _StepTimer:
+    """A stopping criterion that never stops anything: it notes the time after every decoding step."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.times: list[float] = []
+
+    def __call__(self, input_ids: torch.Tensor, scores, **kwargs) -> torch.Tensor:
+        _sync(self.device)
+        self.times.append(time.perf_counter())
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+
+
+class HFStaticRunner(_BaselineRunner):
+    """``model.generate`` over static batches of ``max_num_seqs`` requests, in request order."""
+
+    engine_label = "transformers.generate (static batches, left padding)"
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        if self.overrides:
+            raise ValueError(f"hf-static takes only max_num_seqs as a knob, got {sorted(self.overrides)}")
+
+    def knobs(self) -> dict:
+        return {**self._base_knobs(), "batching": "static, request order", "padding": "left, to the longest prompt",
+                "max_new_tokens": "longest output asked for in the batch", "eos": "ignored"}
+
+    def _generate(self, batch: list[RequestSpec]) -> tuple[torch.Tensor, list[float], int]:
+        from transformers import StoppingCriteriaList
+
+        longest = max(r.prompt_len for r in batch)
+        ids = torch.full((len(batch), longest), PAD_ID, dtype=torch.long)
+        mask = torch.zeros((len(batch), longest), dtype=torch.long)
+        for row, r in enumerate(batch):
+            ids[row, longest - r.prompt_len:] = torch.tensor(r.prompt_token_ids)
+            mask[row, longest - r.prompt_len:] = 1
+        new_tokens = max(r.max_tokens for r in batch)
+        timer = _StepTimer(self.device)
+        with torch.inference_mode():
+            out = self.model.generate(
+                input_ids=ids.to(self.device), attention_mask=mask.to(self.device), max_new_tokens=new_tokens,
+                do_sample=False, eos_token_id=None, pad_token_id=PAD_ID, use_cache=True,
+                stopping_criteria=StoppingCriteriaList([timer]),
+            )
+        generated = out[:, longest:].cpu()
+        if generated.shape[1] != new_tokens:
+            raise RuntimeError(f"generate stopped after {generated.shape[1]} of {new_tokens} tokens")
+        return generated, timer.times, longest
+
+    def warmup(self) -> None:
+        self._generate(warmup_requests())
+
+    def run_phase(self, phase: Phase, use_tqdm: bool) -> PhaseResult:
+        from tqdm.auto import tqdm
+
+        requests = list(phase.requests)
+        stats = dict(steps=0, tokens_computed=0, padding_tokens=0, prompt_tokens_computed=0,
+                     kv_reserved_peak_bytes=0, kv_used_peak_bytes=0)
+        outputs: list[RequestOutput] = []
+        _sync(self.device)
+        start = time.perf_counter()
+        with tqdm(total=len(requests), desc="hf-static", unit="req", disable=not use_tqdm) as bar:
+            for first in range(0, len(requests), self.max_num_seqs):
+                batch = requests[first:first + self.max_num_seqs]
+                generated, times, longest = self._generate(batch)
+                for row, spec in enumerate(batch):
+                    tokens = generated[row, :spec.max_tokens].tolist()
+                    outputs.append(_output(str(first + row), spec, tokens, start, times))
+                new_tokens = generated.shape[1]
+                computed = len(batch) * (longest + new_tokens - 1)
+                useful = sum(r.prompt_len + r.max_tokens - 1 for r in batch)
+                stats["steps"] += new_tokens
+                stats["tokens_computed"] += computed
+                stats["padding_tokens"] += computed - useful
+                stats["prompt_tokens_computed"] += sum(r.prompt_len for r in batch)
+                # transformers' dynamic cache holds every row at the padded length until the batch ends.
+                stats["kv_reserved_peak_bytes"] = max(stats["kv_reserved_peak_bytes"],
+                                                      computed * self.kv_bytes_per_token)
+                stats["kv_used_peak_bytes"] = max(stats["kv_used_peak_bytes"], useful * self.kv_bytes_per_token)
+                bar.update(len(batch))
+        _sync(self.device)
+        wall = time.perf_counter() - start
+        stats["useful_token_fraction"] = (
+            (stats["tokens_computed"] - stats["padding_tokens"]) / stats["tokens_computed"]
+            if stats["tokens_computed"] else None)
+        return PhaseResult(outputs, wall, stats)
+
+
+# --------------------------------------------------------------------------- continuous batching
+
+
+def _filter_kwargs(fn, kwargs: dict) -> dict:
+    params = inspect.signature(fn).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return kwargs
+    return {k: v for k, v in kwargs.items() if k in params}
+
+
+class HFContinuousBatchingRunner(_BaselineRunner):
+    """transformers' continuous batching manager: every request submitted at once, its own ``max_new_tokens``."""
+
+    engine_label = "transformers continuous batching (paged attention)"
+
+    def __init__(self, workload: Workload, *args, **kwargs) -> None:
+        super().__init__(workload, *args, **kwargs)
+        from transformers import GenerationConfig
+
+        self.workload = workload
+        self.generation_config = GenerationConfig(do_sample=False, max_new_tokens=max(r.max_tokens for r in
+                                                  workload.requests), pad_token_id=PAD_ID)
+        self.generation_config.eos_token_id = None  # the manager turns this into -1: no EOS
+        self.manager = None
+        self.api = "manager" if hasattr(self.model, "init_continuous_batching") else "generate_batch"
+        self.cb_config = self._cb_config()
+
+    def _cb_config(self):
+        try:
+            from transformers import ContinuousBatchingConfig
+        except ImportError:
+            return None
+        names = {f.name for f in dataclasses.fields(ContinuousBatchingConfig)}
+        wanted = {"max_requests_per_batch": self.max_num_seqs,
+                  # transformers >= 5.2x would switch sdpa to a flash kernel if one is installed; keep sdpa.
+                  "auto_switch_to_flash": False}
+        if self.device.type != "cuda":
+            # Off the GPU, the manager would size its cache from host memory and warm up at that size (tens of
+            # seconds on a laptop). Size it for this workload instead; on CUDA, transformers' own sizing stands.
+            page = 256
+            reqs = self.workload.requests
+            wanted["page_size" if "page_size" in names else "block_size"] = page
+            wanted["num_blocks"] = sum(-(-(r.prompt_len + r.max_tokens) // page) for r in reqs) + 2
+            wanted["max_batch_tokens"] = max(256, min(4096, max(r.prompt_len for r in reqs)))
+        wanted.update(self.overrides)
+        unknown = sorted(set(self.overrides) - names)
+        if unknown:
+            raise ValueError(f"ContinuousBatchingConfig has no field(s) {unknown}")
+        return ContinuousBatchingConfig(**{k: v for k, v in wanted.items() if k in names})
+
+    def knobs(self) -> dict:
+        cb = None
+        if self.manager is not None and getattr(self.manager, "continuous_batching_config", None) is not None:
+            cb = self.manager.continuous_batching_config  # resolved: num_blocks, max_batch_tokens ...
+        elif self.cb_config is not None:
+            cb = self.cb_config
+        return {**self._base_knobs(), "api": self.api, "per_request_max_new_tokens": self.api == "manager",
+                "eos": "ignored", "continuous_batching_config": _jsonable(cb) if cb is not None else None,
+                "attn_implementation_during_run": getattr(self, "_attn_during_run", None)}
+
+    # -- manager API (transformers 5.x)
+
+    def _start(self) -> None:
+        from transformers.generation.continuous_batching.utils import WorkloadHints
+
+        kwargs = {"generation_config": self.generation_config, "continuous_batching_config": self.cb_config}
+        reqs = self.workload.requests
+        kwargs["workload_hints"] = WorkloadHints(max_prompt_length=max(r.prompt_len for r in reqs),
+                                                 max_generated_length=max(r.max_tokens for r in reqs),
+                                                 num_requests=len(reqs))
+        kwargs = _filter_kwargs(self.model.init_continuous_batching, kwargs)
+        self.manager = self.model.init_continuous_batching(**kwargs)
+        if hasattr(self.manager, "warmup"):
+            self.manager.warmup()  # CUDA graph capture where the manager uses graphs
+        self.manager.start()
+        self._attn_during_run = getattr(self.model.config, "_attn_implementation", None)
+
+    def _run_requests(self, requests: list[RequestSpec], prefix: str, bar=None) -> tuple[list[RequestOutput], float]:
+        manager = self.manager
+        add = manager.add_request
+        _sync(self.device)
+        start = time.perf_counter()
+        ids = []
+        for i, spec in enumerate(requests):
+            rid = f"{prefix}-{i}"
+            kwargs = _filter_kwargs(add, {"request_id": rid, "max_new_tokens": spec.max_tokens,
+                                          "record_timestamps": True, "eos_token_id": -1})
+            if add(list(spec.prompt_token_ids), **kwargs) is None:
+                raise RuntimeError("the continuous batching manager refused a request")
+            ids.append(rid)
+        results = {}
+        while len(results) < len(ids):
+            result = manager.get_result(timeout=1)
+            if result is None:
+                if not manager.is_running():
+                    raise RuntimeError("the continuous batching thread stopped before every request finished")
+                continue
+            if result.is_finished():
+                if getattr(result, "error", None):
+                    raise RuntimeError(f"request {result.request_id} failed: {result.error}")
+                results[result.request_id] = result
+                if bar is not None:
+                    bar.update(1)
+        _sync(self.device)
+        wall = time.perf_counter() - start
+        outputs = []
+        for rid, spec in zip(ids, requests):
+            r = results[rid]
+            times = list(r.timestamps or [])
+            outputs.append(_output(rid, spec, list(r.generated_tokens)[:spec.max_tokens], start, times))
+        return outputs, wall
+
+    # -- generate_batch fallback (older transformers)
+
+    def _run_generate_batch(self, requests: list[RequestSpec]) -> tuple[list[RequestOutput], float]:
+        from transformers import GenerationConfig
+
+        config = GenerationConfig(do_sample=False, max_new_tokens=max(r.max_tokens for r in requests),
+                                  pad_token_id=PAD_ID)
+        config.eos_token_id = None
+        kwargs = _filter_kwargs(self.model.generate_batch, {"generation_config": config, "record_timestamps": True,
+                                                             "progress_bar": False})
+        _sync(self.device)
+        start = time.perf_counter()
+        results = self.model.generate_batch([list(r.prompt_token_ids) for r in requests], **kwargs)
+        _sync(self.device)
+        wall = time.perf_counter() - start
+        outputs = []
+        for (rid, r), spec in zip(results.items(), requests):
+            times = list(getattr(r, "timestamps", None) or [])
+            outputs.append(_output(rid, spec, list(r.generated_tokens)[:spec.max_tokens], start, times))
+        return outputs, wall
+
+    def warmup(self) -> None:
+        if self.api == "manager":
+            self._start()
+            self._run_requests(warmup_requests(), "warmup")
+        else:
+            self._run_generate_batch(warmup_requests())
+
+    def run_phase(self, phase: Phase, use_tqdm: bool) -> PhaseResult:
+        from tqdm.auto import tqdm
+
+        requests = list(phase.requests)
+        if self.api == "manager":
+            if self.manager is None:
+                self._start()
+            with tqdm(total=len(requests), desc="hf-cb", unit="req", disable=not use_tqdm) as bar:
+                outputs, wall = self._run_requests(requests, phase.label, bar)
+        else:
+            outputs, wall = self._run_generate_batch(requests)
+        stats = dict(steps=None, tokens_computed=None, padding_tokens=None,
+                     prompt_tokens_computed=sum(r.prompt_len for r in requests),
+                     kv_reserved_peak_bytes=self._kv_reserved(), kv_used_peak_bytes=None, useful_token_fraction=None)
+        return PhaseResult(outputs, wall, stats)
+
+    def _kv_reserved(self) -> int | None:
+        cb = getattr(self.manager, "continuous_batching_config", None)
+        if cb is None:
+            return None
+        blocks = getattr(cb, "num_blocks", None)
+        page = getattr(cb, "page_size", None) or getattr(cb, "block_size", None)
+        return blocks * page * self.kv_bytes_per_token if blocks and page else None
+
+    def close(self) -> None:
+        if self.manager is not None:
+            stop = self.manager.stop
+            try:
+                stop(**_filter_kwargs(stop, {"block": True, "timeout": 30, "hard_stop": True}))
+            finally:
+                if hasattr(self.manager, "destroy"):
+                    self.manager.destroy()
+                self.manager = None
+        super().close()

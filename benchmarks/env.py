@@ -1,0 +1,116 @@
+"""Where a result came from: GPU, library versions, git commit, time. Recorded in every result JSON."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import os
+import platform
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def gpu_name(device: torch.device | str | None = None) -> str | None:
+    device = torch.device(device) if device is not None else None
+    if device is not None and device.type != "cuda":
+        return None
+    if not torch.cuda.is_available():
+        return None
+    return torch.cuda.get_device_name(device)
+
+
+def gpu_slug(device: torch.device | str | None = None) -> str:
+    """A folder name for the hardware: ``h200``, ``h100``, ``a100``, ``rtx-4090``... or ``cpu``.
+
+    ``NVIDIA H200`` -> ``h200``; ``NVIDIA H100 80GB HBM3`` -> ``h100``; ``NVIDIA GeForce RTX 4090`` -> ``rtx-4090``.
+    """
+    name = gpu_name(device)
+    if name is None:
+        return "cpu"
+    words = re.sub(r"(?i)\b(nvidia|geforce|tesla|amd|radeon)\b", " ", name).lower().split()
+    words = [w for w in words if not re.fullmatch(r"\d+gb|hbm\d*e?|pcie|sxm\d*|nvl", w)]
+    slug = "-".join(words) or "gpu"
+    return re.sub(r"[^a-z0-9.-]+", "-", slug).strip("-") or "gpu"
+
+
+def _version(module: str) -> str | None:
+    try:
+        return __import__(module).__version__
+    except Exception:  # not installed, or broken: record that we could not tell
+        return None
+
+
+def _git(*args: str) -> str | None:
+    try:
+        out = subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+# What decides the numbers: the engine code, the benchmark code, the package metadata (not results or docs).
+SOURCE_PATHS = ("milestones", "benchmarks", "pyproject.toml")
+_NOT_SOURCE = ":(exclude)benchmarks/results"
+
+
+def source_fingerprint() -> str:
+    """SHA-256 over the ``.py`` / ``.sh`` files under ``milestones/`` and ``benchmarks/`` plus ``pyproject.toml``.
+
+    The GPU machine gets the working tree without ``.git``; this hash still says exactly which code ran, and
+    ``gpu_suite --unpack`` uses it to attach the local git commit to results that came back without one.
+    """
+    digest = hashlib.sha256()
+    files = [REPO_ROOT / "pyproject.toml"]
+    for folder in SOURCE_PATHS[:2]:
+        files += [p for p in (REPO_ROOT / folder).rglob("*") if p.suffix in (".py", ".sh") and p.is_file()
+                  and "__pycache__" not in p.parts]
+    for path in sorted(set(files)):
+        if path.is_file():
+            digest.update(path.relative_to(REPO_ROOT).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def git_info() -> dict:
+    """Commit and dirty flag (uncommitted or untracked changes under ``SOURCE_PATHS``, results excluded).
+
+    On a machine that got the working tree without ``.git`` (the GPU machine), ``NANOSERVE_GIT_COMMIT`` (and
+    ``NANOSERVE_GIT_DIRTY=1``) stand in if the caller sets them; else they stay null until ``--unpack``.
+    """
+    commit = _git("rev-parse", "HEAD")
+    if commit is not None:
+        status = _git("status", "--porcelain", "--", *SOURCE_PATHS, _NOT_SOURCE)
+        return {"git_commit": commit, "git_dirty": bool(status) if status is not None else None, "git_source": "git"}
+    commit = os.environ.get("NANOSERVE_GIT_COMMIT") or None
+    dirty = os.environ.get("NANOSERVE_GIT_DIRTY")
+    return {"git_commit": commit, "git_dirty": None if dirty is None else dirty not in ("", "0", "false"),
+            "git_source": "env" if commit else None}
+
+
+def environment(device: torch.device | str | None = None) -> dict:
+    device = torch.device(device) if device is not None else None
+    info = {
+        "gpu_name": gpu_name(device),
+        "gpu_slug": gpu_slug(device),
+        "device": str(device) if device is not None else None,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "triton": _version("triton"),
+        "transformers": _version("transformers"),
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "hostname": platform.node(),
+        "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+    if device is not None and device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        info["gpu_memory_bytes"] = props.total_memory
+        info["gpu_count"] = torch.cuda.device_count()
+    info.update(git_info())
+    info["source_sha256"] = source_fingerprint()
+    return info

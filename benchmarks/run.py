@@ -1,0 +1,94 @@
+"""Command line: run milestones / baselines on workloads and write one JSON per run.
+
+    python -m benchmarks.run --milestone m02 --workload single
+    python -m benchmarks.run --milestone m01,m02 --workload single,single-sweep --device cuda
+    python -m benchmarks.run --milestone hf-static --workload offline --model tiny --device cpu --max-requests 4
+    python -m benchmarks.run --milestone m04 --workload nanovllm --config kv_cache_tokens=65536 --tag kv64k
+
+Results go to ``<out>/<gpu-slug>/<milestone>_<workload>.json`` (``--out`` defaults to ``benchmarks/results``).
+A summary table is printed at the end; the exit status is 1 if any run failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import sys
+
+from .harness import BASELINES, DEFAULT_MODEL, run_benchmark, save_result, summary_table
+from .workloads import WORKLOADS
+
+
+def _split(values: list[str]) -> list[str]:
+    return [v for value in values for v in value.split(",") if v]
+
+
+def parse_overrides(items: list[str]) -> dict:
+    """``key=value`` pairs; values are Python literals where they parse (``64``, ``None``, ``True``), else strings."""
+    overrides = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"--config wants key=value, got {item!r}")
+        try:
+            overrides[key] = ast.literal_eval(raw)
+        except (ValueError, SyntaxError):
+            overrides[key] = raw
+    return overrides
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.split("\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--milestone", "-m", action="append", required=True,
+                        help=f"m01, m02, ... or a baseline ({', '.join(BASELINES)}); repeat or comma-separate")
+    parser.add_argument("--workload", "-w", action="append", required=True,
+                        help=f"one of {', '.join(WORKLOADS)}; repeat or comma-separate")
+    parser.add_argument("--model", default=DEFAULT_MODEL, help="preset (tiny, qwen3-0.6b-random) or checkpoint dir")
+    parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
+    parser.add_argument("--dtype", default="auto", help="auto (bf16 on CUDA, fp32 on CPU), float32, bfloat16, float16")
+    parser.add_argument("--out", default="benchmarks/results", help="results root; files go to <out>/<gpu-slug>/")
+    parser.add_argument("--max-requests", type=int, default=None, help="run only the first N requests")
+    parser.add_argument("--full", action="store_true", help="ignore the default slices of slow milestones")
+    parser.add_argument("--config", action="append", default=[], metavar="KEY=VALUE",
+                        help="engine config override, e.g. max_num_seqs=32 or kv_cache_tokens=65536")
+    parser.add_argument("--seed", type=int, default=0, help="weights / sampler seed")
+    parser.add_argument("--workload-seed", type=int, default=0, help="seed of the random prompts and lengths")
+    parser.add_argument("--no-warmup", action="store_true", help="skip the warm-up requests")
+    parser.add_argument("--time-limit", type=float, default=None, help="seconds per run before it is abandoned")
+    parser.add_argument("--no-progress", action="store_true", help="no tqdm progress bars")
+    parser.add_argument("--no-save", action="store_true", help="print the table only")
+    parser.add_argument("--tag", default=None,
+                        help="append +TAG to the result names (for runs with non-default knobs)")
+    parser.add_argument("--no-inject", action="store_true",
+                        help="chunked: submit everything through generate even where the engine has a step API")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    milestones, workloads = _split(args.milestone), _split(args.workload)
+    for w in workloads:
+        if w not in WORKLOADS:
+            raise SystemExit(f"unknown workload {w!r}: choose from {', '.join(WORKLOADS)}")
+    overrides = parse_overrides(args.config)
+    results = []
+    for milestone in milestones:
+        for workload in workloads:
+            result = run_benchmark(
+                milestone, workload, model=args.model, device=args.device, dtype=args.dtype, seed=args.seed,
+                workload_seed=args.workload_seed, max_requests=args.max_requests, full=args.full,
+                overrides=overrides, warmup=not args.no_warmup, use_tqdm=not args.no_progress,
+                time_limit_s=args.time_limit, catch_errors=True, inject=not args.no_inject,
+                tag=args.tag,
+            )
+            results.append(result)
+            if not args.no_save:
+                print(f"[{result['name']}] {result['status']} -> {save_result(result, args.out)}", flush=True)
+    print()
+    print(summary_table(results))
+    return 0 if all(r["status"] == "ok" for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,276 @@
+"""Every benchmark workload, in one place: seeded random token-id prompts, greedy decoding, EOS ignored.
+
+A workload is a list of *phases*; each phase is one ``generate`` call holding one or more requests. Most
+workloads have a single phase; ``single-sweep`` has one phase per prompt length, so each length is timed on
+its own. Prompts are random token ids in ``[0, 151643)``: ordinary BPE tokens, never a special token, so the
+same workload runs on any Qwen3 preset and needs no tokenizer. Every request asks for a fixed number of output
+tokens (``ignore_eos``), so the work done does not depend on what the random model happens to emit.
+
+``get_workload(name)`` builds a workload; the same name and seed always give the same token ids. Shapes:
+
+==============  =========  ==================================  ==========================  ==========
+name            requests   prompt tokens                       output tokens               in flight
+==============  =========  ==================================  ==========================  ==========
+single          1          512                                 128                         1
+single-sweep    6 (x1)     64, 128, 256, 512, 1024, 2048       32 each                     1
+offline         128        uniform 32..512                     uniform 16..256             64
+nanovllm        256        uniform 100..1024                   uniform 100..1024           64
+prefix          32         1024 shared + 32 own                32                          64
+chunked         16 + 6     16 x 128 (decoders), 6 x 2048       128 (decoders), 16 (long)   64
+==============  =========  ==================================  ==========================  ==========
+
+Milestones too slow for a workload run a documented *slice* (the first N requests): ``DEFAULT_SLICES``.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field, replace
+
+# Ids 0..151642 are Qwen's BPE tokens; 151643 and above are added/special tokens (see tokenizer.py).
+PROMPT_VOCAB = 151_643
+DEFAULT_SEED = 0
+MAX_IN_FLIGHT = 64  # engines with a max_num_seqs knob get this on the multi-request workloads
+
+
+@dataclass(frozen=True)
+class RequestSpec:
+    """One request: its prompt ids, how many tokens it must generate, and a group label for per-group stats."""
+
+    prompt_token_ids: tuple[int, ...]
+    max_tokens: int
+    group: str = "all"
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.prompt_token_ids)
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One ``generate`` call: all its requests are submitted together."""
+
+    label: str
+    requests: tuple[RequestSpec, ...]
+
+
+@dataclass(frozen=True)
+class Slice:
+    """A workload cut down to its first ``num_requests`` requests, and why."""
+
+    num_requests: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    description: str
+    params: dict
+    phases: tuple[Phase, ...]
+    max_num_seqs: int | None = None  # None: leave the engine's own default
+    slice: Slice | None = None
+    num_requests_total: int = field(default=0)
+
+    def __post_init__(self) -> None:
+        if not self.num_requests_total:
+            object.__setattr__(self, "num_requests_total", self.num_requests)
+
+    @property
+    def requests(self) -> list[RequestSpec]:
+        return [r for phase in self.phases for r in phase.requests]
+
+    @property
+    def num_requests(self) -> int:
+        return sum(len(phase.requests) for phase in self.phases)
+
+    @property
+    def output_tokens(self) -> int:
+        return sum(r.max_tokens for r in self.requests)
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(r.prompt_len for r in self.requests)
+
+    def sliced(self, num_requests: int, reason: str) -> Workload:
+        """The first ``num_requests`` requests (whole phases kept in order, the last one cut)."""
+        if num_requests < 1:
+            raise ValueError(f"a slice needs at least one request, got {num_requests}")
+        if num_requests >= self.num_requests:
+            return self
+        phases, left = [], num_requests
+        for phase in self.phases:
+            if left <= 0:
+                break
+            phases.append(Phase(phase.label, phase.requests[:left]))
+            left -= len(phase.requests)
+        return replace(self, phases=tuple(phases), slice=Slice(num_requests, reason),
+                       num_requests_total=self.num_requests_total)
+
+    def describe(self) -> dict:
+        """What a result JSON records about the workload."""
+        return {
+            "name": self.name,
+            "description": self.description,
+            "params": dict(self.params),
+            "max_num_seqs": self.max_num_seqs,
+            "num_requests": self.num_requests,
+            "num_requests_total": self.num_requests_total,
+            "prompt_tokens": self.prompt_tokens,
+            "output_tokens": self.output_tokens,
+            "phases": [{"label": p.label, "num_requests": len(p.requests)} for p in self.phases],
+            "slice": None if self.slice is None else {
+                "num_requests_run": self.slice.num_requests,
+                "num_requests_total": self.num_requests_total,
+                "reason": self.slice.reason,
+            },
+        }
+
+
+# --------------------------------------------------------------------------- builders
+
+
+def _rng(name: str, seed: int) -> random.Random:
+    # Seeding with a string is deterministic across runs and platforms (it is hashed with SHA-512).
+    return random.Random(f"nanoserve-bench:{name}:{seed}")
+
+
+def _tokens(rng: random.Random, n: int) -> tuple[int, ...]:
+    return tuple(rng.randrange(PROMPT_VOCAB) for _ in range(n))
+
+
+def _single(seed: int) -> Workload:
+    rng = _rng("single", seed)
+    params = {"prompt_len": 512, "output_len": 128, "seed": seed}
+    request = RequestSpec(_tokens(rng, 512), 128)
+    return Workload("single", "one request: 512-token prompt, 128 output tokens (latency of one stream)",
+                    params, (Phase("single", (request,)),), max_num_seqs=None)
+
+
+SWEEP_PROMPT_LENS = (64, 128, 256, 512, 1024, 2048)
+SWEEP_OUTPUT_LEN = 32
+
+
+def _single_sweep(seed: int) -> Workload:
+    rng = _rng("single-sweep", seed)
+    params = {"prompt_lens": list(SWEEP_PROMPT_LENS), "output_len": SWEEP_OUTPUT_LEN, "seed": seed}
+    phases = tuple(
+        Phase(f"prompt_len={n}", (RequestSpec(_tokens(rng, n), SWEEP_OUTPUT_LEN, group=f"prompt_len={n}"),))
+        for n in SWEEP_PROMPT_LENS
+    )
+    return Workload("single-sweep", "one request per prompt length (each its own generate call), "
+                    f"{SWEEP_OUTPUT_LEN} output tokens: per-token latency vs sequence length",
+                    params, phases, max_num_seqs=None)
+
+
+def _uniform_batch(name: str, description: str, seed: int, num: int, prompt: tuple[int, int],
+                   output: tuple[int, int]) -> Workload:
+    rng = _rng(name, seed)
+    requests = []
+    for _ in range(num):
+        prompt_len = rng.randint(*prompt)
+        output_len = rng.randint(*output)
+        requests.append(RequestSpec(_tokens(rng, prompt_len), output_len))
+    params = {"num_requests": num, "prompt_len_range": list(prompt), "output_len_range": list(output),
+              "max_in_flight": MAX_IN_FLIGHT, "seed": seed}
+    return Workload(name, description, params, (Phase(name, tuple(requests)),), max_num_seqs=MAX_IN_FLIGHT)
+
+
+def _offline(seed: int) -> Workload:
+    return _uniform_batch("offline", "128 requests, prompt 32..512, output 16..256 (uniform), at most 64 in flight",
+                          seed, 128, (32, 512), (16, 256))
+
+
+def _nanovllm(seed: int) -> Workload:
+    return _uniform_batch("nanovllm", "nano-vllm's bench.py shape: 256 requests, prompt 100..1024, output 100..1024 "
+                          "(uniform), at most 64 in flight", seed, 256, (100, 1024), (100, 1024))
+
+
+def _prefix(seed: int) -> Workload:
+    rng = _rng("prefix", seed)
+    system = _tokens(rng, 1024)
+    requests = tuple(RequestSpec(system + _tokens(rng, 32), 32) for _ in range(32))
+    params = {"num_requests": 32, "shared_prefix_len": 1024, "suffix_len": 32, "output_len": 32,
+              "max_in_flight": MAX_IN_FLIGHT, "seed": seed}
+    return Workload("prefix", "32 requests sharing one 1024-token system prompt, each with its own 32-token suffix, "
+                    "32 output tokens", params, (Phase("prefix", requests),), max_num_seqs=MAX_IN_FLIGHT)
+
+
+CHUNKED = {"num_decoders": 16, "decoder_prompt_len": 128, "decoder_output_len": 128,
+           "num_long": 6, "long_prompt_len": 2048, "long_output_len": 16,
+           # For engines with a step API (later milestones): long prompt k arrives after
+           # inject_every_decode_steps * (k + 1) decode steps of the decoders.
+           "inject_every_decode_steps": 16}
+
+
+def _chunked(seed: int) -> Workload:
+    rng = _rng("chunked", seed)
+    c = CHUNKED
+    decoders = [RequestSpec(_tokens(rng, c["decoder_prompt_len"]), c["decoder_output_len"], group="decoder")
+                for _ in range(c["num_decoders"])]
+    longs = [RequestSpec(_tokens(rng, c["long_prompt_len"]), c["long_output_len"], group="long_prompt")
+             for _ in range(c["num_long"])]
+    params = {**c, "max_in_flight": MAX_IN_FLIGHT, "seed": seed,
+              "offline_definition": "all 22 requests submitted at once (decoders first); the metric is the "
+                                    "inter-token latency of the 16 decoders"}
+    return Workload("chunked", "16 short requests decoding while six 2048-token prompts arrive; metric: the decoders' "
+                    "inter-token latency (offline engines: all 22 submitted at once, decoders first)",
+                    params, (Phase("chunked", tuple(decoders + longs)),), max_num_seqs=MAX_IN_FLIGHT)
+
+
+_BUILDERS = {
+    "single": _single,
+    "single-sweep": _single_sweep,
+    "offline": _offline,
+    "nanovllm": _nanovllm,
+    "prefix": _prefix,
+    "chunked": _chunked,
+}
+WORKLOADS: tuple[str, ...] = tuple(_BUILDERS)
+
+# Milestones that run requests one at a time are too slow for the big workloads: they run the first N
+# requests. Keys are milestone short names ("m01") or baselines; absent means "the whole workload".
+# Rough H200 times for the full workloads are in the reasons.
+DEFAULT_SLICES: dict[str, dict[str, Slice]] = {
+    "m01": {
+        "offline": Slice(8, "m01 recomputes the whole sequence every step and serves one request at a time; "
+                            "the full 128 requests (~17k output tokens) would take minutes"),
+        "nanovllm": Slice(2, "m01 recomputes the whole sequence every step and serves one request at a time; "
+                             "the full 256 requests (~144k output tokens) would take hours"),
+        "prefix": Slice(4, "m01 serves one request at a time and recomputes the 1056-token sequence every step"),
+    },
+    "m02": {
+        "offline": Slice(32, "m02 serves one request at a time; the full 128 requests (~17k output tokens) "
+                             "would take minutes"),
+        "nanovllm": Slice(8, "m02 serves one request at a time; the full 256 requests (~144k output tokens) "
+                             "would take about half an hour"),
+        "prefix": Slice(8, "m02 serves one request at a time"),
+    },
+}
+
+
+def milestone_key(milestone: str) -> str:
+    """``m02_kv_cache`` / ``m02`` -> ``m02``; baselines unchanged."""
+    return milestone.split("_", 1)[0] if milestone[:1] == "m" and milestone[1:3].isdigit() else milestone
+
+
+def default_slice(milestone: str, workload: str) -> Slice | None:
+    return DEFAULT_SLICES.get(milestone_key(milestone), {}).get(workload)
+
+
+def get_workload(name: str, seed: int = DEFAULT_SEED) -> Workload:
+    """Build the named workload (deterministic for a given seed)."""
+    if name not in _BUILDERS:
+        raise ValueError(f"unknown workload {name!r}: choose from {', '.join(WORKLOADS)}")
+    return _BUILDERS[name](seed)
+
+
+def workload_for(milestone: str, name: str, seed: int = DEFAULT_SEED, max_requests: int | None = None,
+                 full: bool = False) -> Workload:
+    """The workload a milestone actually runs: ``max_requests`` if given, else the default slice unless ``full``."""
+    workload = get_workload(name, seed)
+    if max_requests is not None:
+        return workload.sliced(max_requests, f"--max-requests {max_requests} (asked for on the command line)")
+    if not full and (cut := default_slice(milestone, name)) is not None:
+        return workload.sliced(cut.num_requests, cut.reason)
+    return workload
