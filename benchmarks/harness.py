@@ -334,13 +334,13 @@ def _group_metrics(workload: Workload, outputs: list[RequestOutput], wall: float
     groups: dict[str, list[RequestOutput]] = {}
     for spec, out in zip(workload.requests, outputs):
         groups.setdefault(spec.group, []).append(out)
-    if len(groups) < 2 or workload.name == "single-sweep":
+    if len(groups) < 2 or workload.name.endswith("-sweep"):
         return None
     return {name: summarize(outs, wall) for name, outs in groups.items()}
 
 
 def _sweep(workload: Workload, phase_results: list[PhaseResult]) -> list[dict] | None:
-    if workload.name != "single-sweep":
+    if not workload.name.endswith("-sweep"):
         return None
     rows = []
     for phase, result in zip(workload.phases, phase_results):

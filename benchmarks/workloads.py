@@ -13,6 +13,7 @@ name            requests   prompt tokens                       output tokens    
 ==============  =========  ==================================  ==========================  ==========
 single          1          512                                 128                         1
 single-sweep    6 (x1)     64, 128, 256, 512, 1024, 2048       32 each                     1
+long-sweep      4 (x1)     4096, 8192, 16384, 32768            16 each                     1
 offline         128        uniform 32..512                     uniform 16..256             64
 nanovllm        256        uniform 100..1024                   uniform 100..1024           64
 prefix          32         1024 shared + 32 own                32                          64
@@ -163,6 +164,22 @@ def _single_sweep(seed: int) -> Workload:
                     params, phases, max_num_seqs=None)
 
 
+LONG_SWEEP_PROMPT_LENS = (4096, 8192, 16384, 32768)
+LONG_SWEEP_OUTPUT_LEN = 16
+
+
+def _long_sweep(seed: int) -> Workload:
+    rng = _rng("long-sweep", seed)
+    params = {"prompt_lens": list(LONG_SWEEP_PROMPT_LENS), "output_len": LONG_SWEEP_OUTPUT_LEN, "seed": seed}
+    phases = tuple(
+        Phase(f"prompt_len={n}", (RequestSpec(_tokens(rng, n), LONG_SWEEP_OUTPUT_LEN, group=f"prompt_len={n}"),))
+        for n in LONG_SWEEP_PROMPT_LENS
+    )
+    return Workload("long-sweep", "single-sweep continued to long prompts (needs a model with >= 33k positions, "
+                    "e.g. qwen3-0.6b-random): where recomputation finally outweighs per-step overhead",
+                    params, phases, max_num_seqs=None)
+
+
 def _uniform_batch(name: str, description: str, seed: int, num: int, prompt: tuple[int, int],
                    output: tuple[int, int]) -> Workload:
     rng = _rng(name, seed)
@@ -221,6 +238,7 @@ def _chunked(seed: int) -> Workload:
 _BUILDERS = {
     "single": _single,
     "single-sweep": _single_sweep,
+    "long-sweep": _long_sweep,
     "offline": _offline,
     "nanovllm": _nanovllm,
     "prefix": _prefix,
