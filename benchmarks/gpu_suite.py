@@ -95,7 +95,7 @@ SETS: dict[str, list[Entry]] = {
     ],
     # nanovllm for the baselines on its first 64 requests (one static batch), our engines on the same slice.
     "h200-nanovllm-slice": [
-        Entry(name, "nanovllm", est, max_requests=64, tag="n64")
+        Entry(name, "nanovllm", est, max_requests=64)
         for name, est in (("hf-static", 110), ("hf-cb", 110), ("m03", 40), ("m04", 40))
     ],
     "long-sweep": [Entry("m01", "long-sweep", 30), Entry("m02", "long-sweep", 20)],
