@@ -152,16 +152,21 @@ SWEEP_PROMPT_LENS = (64, 128, 256, 512, 1024, 2048)
 SWEEP_OUTPUT_LEN = 32
 
 
-def _single_sweep(seed: int) -> Workload:
-    rng = _rng("single-sweep", seed)
-    params = {"prompt_lens": list(SWEEP_PROMPT_LENS), "output_len": SWEEP_OUTPUT_LEN, "seed": seed}
+def _sweep(name: str, description: str, prompt_lens: tuple[int, ...], output_len: int, seed: int) -> Workload:
+    """One request per prompt length, each its own phase (its own ``generate`` call)."""
+    rng = _rng(name, seed)
+    params = {"prompt_lens": list(prompt_lens), "output_len": output_len, "seed": seed}
     phases = tuple(
-        Phase(f"prompt_len={n}", (RequestSpec(_tokens(rng, n), SWEEP_OUTPUT_LEN, group=f"prompt_len={n}"),))
-        for n in SWEEP_PROMPT_LENS
+        Phase(f"prompt_len={n}", (RequestSpec(_tokens(rng, n), output_len, group=f"prompt_len={n}"),))
+        for n in prompt_lens
     )
-    return Workload("single-sweep", "one request per prompt length (each its own generate call), "
-                    f"{SWEEP_OUTPUT_LEN} output tokens: per-token latency vs sequence length",
-                    params, phases, max_num_seqs=None)
+    return Workload(name, description, params, phases, max_num_seqs=None)
+
+
+def _single_sweep(seed: int) -> Workload:
+    return _sweep("single-sweep", "one request per prompt length (each its own generate call), "
+                  f"{SWEEP_OUTPUT_LEN} output tokens: per-token latency vs sequence length",
+                  SWEEP_PROMPT_LENS, SWEEP_OUTPUT_LEN, seed)
 
 
 LONG_SWEEP_PROMPT_LENS = (4096, 8192, 16384, 32768)
@@ -169,15 +174,9 @@ LONG_SWEEP_OUTPUT_LEN = 16
 
 
 def _long_sweep(seed: int) -> Workload:
-    rng = _rng("long-sweep", seed)
-    params = {"prompt_lens": list(LONG_SWEEP_PROMPT_LENS), "output_len": LONG_SWEEP_OUTPUT_LEN, "seed": seed}
-    phases = tuple(
-        Phase(f"prompt_len={n}", (RequestSpec(_tokens(rng, n), LONG_SWEEP_OUTPUT_LEN, group=f"prompt_len={n}"),))
-        for n in LONG_SWEEP_PROMPT_LENS
-    )
-    return Workload("long-sweep", "single-sweep continued to long prompts (needs a model with >= 33k positions, "
-                    "e.g. qwen3-0.6b-random): where recomputation finally outweighs per-step overhead",
-                    params, phases, max_num_seqs=None)
+    return _sweep("long-sweep", "single-sweep continued to long prompts (needs a model with >= 33k positions, "
+                  "e.g. qwen3-0.6b-random): where recomputation finally outweighs per-step overhead",
+                  LONG_SWEEP_PROMPT_LENS, LONG_SWEEP_OUTPUT_LEN, seed)
 
 
 def _uniform_batch(name: str, description: str, seed: int, num: int, prompt: tuple[int, int],
