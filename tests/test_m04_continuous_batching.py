@@ -144,3 +144,20 @@ def test_unwritten_pool_memory_is_never_read(tiny_checkpoint, engine_factory):
                               use_tqdm=False)
     for prompt, n, out in zip(prompts, lengths, outputs):
         assert out.token_ids == hf_greedy(hf_model, prompt, n)
+
+
+def test_step_on_an_idle_engine_returns_nothing(tiny_checkpoint, engine_factory):
+    engine = engine_factory(M04, tiny_checkpoint[0], max_num_seqs=2, kv_cache_tokens=2048)
+    assert not engine.has_unfinished()
+    assert engine.step() == []
+
+
+def test_generate_refuses_to_swallow_pending_step_requests(tiny_checkpoint, engine_factory):
+    engine = engine_factory(M04, tiny_checkpoint[0], max_num_seqs=2, kv_cache_tokens=2048)
+    pending = engine.add_request([5, 6, 7], SamplingParams(max_tokens=4, ignore_eos=True))
+    with pytest.raises(ValueError, match="idle engine"):
+        engine.generate([[8, 9]], SamplingParams(max_tokens=2), use_tqdm=False)
+    outs = []
+    while engine.has_unfinished():  # the pending request is intact and still finishes normally
+        outs += engine.step()
+    assert outs[-1].request_id == pending and len(outs[-1].token_ids) == 4

@@ -80,6 +80,9 @@ class LLMEngine(StaticBatchingEngine):
     # ------------------------------------------------------------------ generate() on top of the steps
 
     def run(self, requests: list[Request], on_finish: Callable[[Request], None]) -> None:
+        if self.scheduler.has_unfinished():  # their outputs would be consumed here and never reach the caller
+            raise ValueError("generate() needs an idle engine, but requests added with add_request() are still "
+                             "unfinished: drive them with step() until has_unfinished() is False, or abort them")
         for request in requests:
             self.scheduler.add(request)
         while self.scheduler.has_unfinished():
@@ -99,6 +102,8 @@ class LLMEngine(StaticBatchingEngine):
     # ------------------------------------------------------------------ one step
 
     def engine_step(self) -> list[Request]:
+        if not self.scheduler.has_unfinished():
+            return []
         batch = self.scheduler.schedule()
         if batch.prefills:
             self.prefill(batch.prefills)
