@@ -1,0 +1,84 @@
+"""Small helpers the milestone notebooks share: find the repo, load the committed results, save figures.
+
+Kept out of ``milestones/`` and ``benchmarks/`` on purpose: nothing here is part of the engine.
+
+* ``repo_root()``: the nanoserve checkout, found by walking up from the working directory until
+  ``benchmarks/results`` exists (so a notebook works whether Jupyter starts in ``notebooks/`` or the root).
+  It also puts the root on ``sys.path``, so ``import milestones`` works without ``pip install -e .``.
+* ``load_runs(gpu="h200")``: every ``benchmarks/results/<gpu>/*.json`` as ``{file stem: result dict}``.
+* ``save_figure(fig, name)``: writes ``docs/images/<name>`` for the docs to embed, except when
+  ``NANOSERVE_NOTEBOOK_TEST`` is set (the notebook test executes copies and must not touch committed files).
+* ``style()``: one matplotlib look for every notebook.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+TEST_ENV = "NANOSERVE_NOTEBOOK_TEST"
+
+
+def repo_root(start: Path | str | None = None) -> Path:
+    """The first directory at or above ``start`` (default: the cwd) that holds ``benchmarks/results``."""
+    here = Path(start or Path.cwd()).resolve()
+    for candidate in (here, *here.parents):
+        if (candidate / "benchmarks" / "results").is_dir():
+            if str(candidate) not in sys.path:
+                sys.path.insert(0, str(candidate))
+            return candidate
+    raise FileNotFoundError(f"no benchmarks/results above {here}: run the notebook inside the nanoserve repo")
+
+
+def load_runs(gpu: str = "h200") -> dict[str, dict]:
+    """``{"m02_single": {...}, ...}`` for every result file of ``gpu``; only runs with ``status == "ok"``."""
+    folder = repo_root() / "benchmarks" / "results" / gpu
+    runs = {p.stem: json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))}
+    return {name: run for name, run in runs.items() if run.get("status") == "ok"}
+
+
+def sweep_points(run: dict, key: str = "itl_mean_s", scale: float = 1e3) -> tuple[list[int], list[float]]:
+    """(prompt lengths, ``key`` * ``scale``) of a sweep workload (``single-sweep``, ``long-sweep``)."""
+    points = sorted(run["sweep"], key=lambda s: s["prompt_len"])
+    return [s["prompt_len"] for s in points], [s[key] * scale for s in points]
+
+
+def save_figure(fig, name: str, dpi: int = 150) -> Path | None:
+    """Save ``fig`` as ``docs/images/<name>``; skipped (returns None) under the notebook test."""
+    if os.environ.get(TEST_ENV):
+        print(f"({TEST_ENV} is set: docs/images/{name} not written)")
+        return None
+    path = repo_root() / "docs" / "images" / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=dpi, bbox_inches="tight")
+    print(f"saved docs/images/{name}")
+    return path
+
+
+def style() -> None:
+    """A plain, readable matplotlib style, small enough to keep the notebooks light."""
+    import matplotlib.pyplot as plt
+
+    plt.rcParams.update({
+        "figure.dpi": 80,
+        "figure.figsize": (8, 4.2),
+        "axes.grid": True,
+        "grid.alpha": 0.3,
+        "axes.spines.top": False,
+        "axes.spines.right": False,
+        "legend.frameon": False,
+        "font.size": 10,
+    })
+
+
+# One colour per engine, the same in every notebook.
+COLORS = {
+    "m01": "#d62728",
+    "m02": "#1f77b4",
+    "m03": "#ff7f0e",
+    "m04": "#2ca02c",
+    "hf-static": "#7f7f7f",
+    "hf-cb": "#9467bd",
+}
