@@ -1,0 +1,121 @@
+"""How much of a forward pass is launch overhead? Time the same forward eagerly and replayed from a CUDA graph.
+
+    python -m benchmarks.launch_overhead            # on a CUDA machine; writes results/<gpu>/launch_overhead.json
+
+Eager PyTorch launches every kernel from Python, one after another. A CUDA graph records those launches
+once and replays them with a single call, so ``eager - graph`` is roughly the cost of launching from Python,
+and the graph time is roughly what the GPU itself needs. The forward passes timed are the ones the
+milestones run (the model and attention callables are theirs; no sampling):
+
+* m01's step for a 512-token prompt a quarter of the way through its 128 tokens (the whole 544-token sequence);
+* m02's decode step at the same point (one token against a 544-token K/V cache);
+* m03's decode step for a batch of 64 rows with 400 cached tokens each.
+
+This is a diagnostic for the docs, not a milestone: graphs arrive as a milestone of their own later.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+
+from milestones.m01_naive_loop.attention import CausalAttention
+from milestones.m01_naive_loop.config import EngineConfig
+from milestones.m01_naive_loop.loader import load_model
+from milestones.m02_kv_cache.kv_cache import CachedAttention, KVCache
+from milestones.m03_static_batching.attention import PaddedCachedAttention
+
+from .env import environment
+
+
+def time_ms(fn, repeats: int = 50) -> float:
+    """Median milliseconds per call, measured with CUDA events after a warm-up."""
+    for _ in range(5):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return sorted(times)[len(times) // 2]
+
+
+def eager_and_graph(forward) -> dict[str, float]:
+    """``forward()`` timed eagerly and replayed from a CUDA graph captured on a side stream."""
+    eager = time_ms(forward)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            forward()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        forward()
+    replay = time_ms(graph.replay)
+    return {"eager_ms": eager, "graph_ms": replay, "launch_overhead_ms": eager - replay}
+
+
+@torch.inference_mode()
+def measure(model_name: str) -> dict:
+    config = EngineConfig(model=model_name, device="cuda", dtype="bfloat16")
+    device, dtype = config.resolve_device(), config.resolve_dtype(torch.device("cuda"))
+    loaded = load_model(model_name, device, dtype)
+    model, model_config = loaded.model, loaded.config
+    torch.backends.cuda.enable_cudnn_sdp(False)  # as the engines do
+    length = 544
+
+    ids = torch.randint(0, 151_643, (1, length), device=device)
+    positions = torch.arange(length, device=device)[None, :]
+    m01 = eager_and_graph(lambda: model(ids, positions, CausalAttention()))
+
+    cache = KVCache.for_model(model_config, 1, length + 1, dtype, device)
+    model(ids, positions, CachedAttention(cache, 0, length))  # fill the cache
+    last, last_pos = ids[:, -1:], torch.tensor([[length]], device=device)
+    m02 = eager_and_graph(lambda: model(last, last_pos, CachedAttention(cache, length, 1)))
+
+    rows, context = 64, 400
+    batch_cache = KVCache.for_model(model_config, rows, context + 1, dtype, device)
+    batch_cache.k.normal_()
+    batch_cache.v.normal_()
+    pads = torch.zeros(rows, dtype=torch.long, device=device)
+    batch_ids = torch.randint(0, 151_643, (rows, 1), device=device)
+    batch_pos = torch.full((rows, 1), context, device=device)
+    m03 = eager_and_graph(lambda: model(batch_ids, batch_pos, PaddedCachedAttention(batch_cache, context, 1, pads)))
+
+    return {
+        "name": "launch_overhead",
+        "env": environment(),
+        "model": {"name": model_name, "dtype": "bfloat16"},
+        "forwards": {
+            "m01_full_sequence_544": m01,
+            "m02_decode_1x544": m02,
+            "m03_decode_64x400": m03,
+        },
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.launch_overhead", description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default="qwen3-0.6b-random")
+    parser.add_argument("--out", default="benchmarks/results")
+    args = parser.parse_args(argv)
+    result = measure(args.model)
+    for name, row in result["forwards"].items():
+        print(f"{name:24s} eager {row['eager_ms']:7.2f} ms   graph {row['graph_ms']:7.2f} ms   "
+              f"launch overhead {row['launch_overhead_ms']:7.2f} ms")
+    directory = Path(args.out) / result["env"]["gpu_slug"]
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "launch_overhead.json").write_text(json.dumps(result, indent=2))
+    print(f"-> {directory / 'launch_overhead.json'}")
+
+
+if __name__ == "__main__":
+    main()
