@@ -99,6 +99,7 @@ SETS: dict[str, list[Entry]] = {
         for name, est in (("hf-static", 110), ("hf-cb", 110), ("m03", 40), ("m04", 40))
     ],
     "long-sweep": [Entry("m01", "long-sweep", 30), Entry("m02", "long-sweep", 20)],
+    "skewed": [Entry("m03", "skewed", 45), Entry("m04", "skewed", 30)],
     "baselines": [  # estimated: ~410 s
         Entry("hf-static", "offline", 30),
         Entry("hf-cb", "offline", 40),

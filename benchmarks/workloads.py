@@ -16,6 +16,7 @@ single-sweep    6 (x1)     64, 128, 256, 512, 1024, 2048       32 each          
 long-sweep      4 (x1)     4096, 8192, 16384, 32768            16 each                     1
 offline         128        uniform 32..512                     uniform 16..256             64
 nanovllm        256        uniform 100..1024                   uniform 100..1024           64
+skewed          128        uniform 32..512                     1 in 8: 512..1024, else 16..64  64
 prefix          32         1024 shared + 32 own                32                          64
 chunked         16 + 6     16 x 128 (decoders), 6 x 2048       128 (decoders), 16 (long)   64
 ==============  =========  ==================================  ==========================  ==========
@@ -202,6 +203,24 @@ def _nanovllm(seed: int) -> Workload:
                           "(uniform), at most 64 in flight", seed, 256, (100, 1024), (100, 1024))
 
 
+SKEWED_LONG_EVERY = 8  # request i is long when i % 8 == 0
+
+
+def _skewed(seed: int) -> Workload:
+    """Mostly short answers, a few long ones: where a static batch idles most (m04's case)."""
+    rng = _rng("skewed", seed)
+    requests = []
+    for i in range(128):
+        prompt_len = rng.randint(32, 512)
+        output_len = rng.randint(512, 1024) if i % SKEWED_LONG_EVERY == 0 else rng.randint(16, 64)
+        requests.append(RequestSpec(_tokens(rng, prompt_len), output_len))
+    params = {"num_requests": 128, "prompt_len_range": [32, 512], "long_every": SKEWED_LONG_EVERY,
+              "long_output_len_range": [512, 1024], "short_output_len_range": [16, 64],
+              "max_in_flight": MAX_IN_FLIGHT, "seed": seed}
+    return Workload("skewed", "128 requests, prompt 32..512; one in 8 wants 512..1024 tokens, the rest 16..64; "
+                    "at most 64 in flight", params, (Phase("skewed", tuple(requests)),), max_num_seqs=MAX_IN_FLIGHT)
+
+
 def _prefix(seed: int) -> Workload:
     rng = _rng("prefix", seed)
     system = _tokens(rng, 1024)
@@ -240,6 +259,7 @@ _BUILDERS = {
     "long-sweep": _long_sweep,
     "offline": _offline,
     "nanovllm": _nanovllm,
+    "skewed": _skewed,
     "prefix": _prefix,
     "chunked": _chunked,
 }

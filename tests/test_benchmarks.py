@@ -48,6 +48,15 @@ def test_workload_shapes():
     assert nano.num_requests == 256 and nano.max_num_seqs == 64
     assert all(100 <= r.prompt_len <= 1024 and 100 <= r.max_tokens <= 1024 for r in nano.requests)
 
+    skewed = get_workload("skewed")
+    assert skewed.num_requests == 128 and skewed.max_num_seqs == 64
+    longs = [r.max_tokens for i, r in enumerate(skewed.requests) if i % 8 == 0]
+    shorts = [r.max_tokens for i, r in enumerate(skewed.requests) if i % 8 != 0]
+    assert len(longs) == 16 and all(512 <= n <= 1024 for n in longs) and all(16 <= n <= 64 for n in shorts)
+
+    long_sweep = get_workload("long-sweep")
+    assert [p.requests[0].prompt_len for p in long_sweep.phases] == [4096, 8192, 16384, 32768]
+
     prefix = get_workload("prefix")
     assert prefix.num_requests == 32
     shared = prefix.requests[0].prompt_token_ids[:1024]
