@@ -128,7 +128,11 @@ class MilestoneRunner(Runner):
         self.workload, self.inject, self.mode = workload, inject, None
 
     def knobs(self) -> dict:
-        return _jsonable(dataclasses.asdict(self.engine.config))
+        knobs = _jsonable(dataclasses.asdict(self.engine.config))
+        pool = getattr(self.engine, "kv_pool", None)
+        if pool is not None:  # the K/V pool size the engine resolved (kv_cache_tokens=None means "auto")
+            knobs["kv_pool_tokens"] = pool.capacity
+        return knobs
 
     def _params(self, requests: Sequence[RequestSpec]) -> list:
         return [self.SamplingParams(max_tokens=r.max_tokens, temperature=0.0, ignore_eos=True) for r in requests]
