@@ -42,6 +42,7 @@ class LLMEngine:
     """Offline generation: ``LLMEngine(EngineConfig(...)).generate(prompts, SamplingParams(...))``."""
 
     milestone = "m01_naive_loop"
+    request_class = Request  # later milestones keep more per-request state in a subclass (m05: ``Sequence``)
 
     def __init__(self, config: EngineConfig | None = None) -> None:
         self.config = config if config is not None else EngineConfig()
@@ -58,7 +59,7 @@ class LLMEngine:
         self.max_model_len = self._resolve_max_model_len()
         self.eos_token_ids = self._eos_token_ids(loaded.checkpoint_dir)
         self.sampler = Sampler(seed=self.config.seed)
-        self.stats = EngineStats()  # reset by every generate() call
+        self.stats = self.new_stats()  # reset by every generate() call
         self._request_ids = itertools.count()
 
     # ------------------------------------------------------------------ public API
@@ -78,7 +79,7 @@ class LLMEngine:
         prompts = self._as_prompt_list(prompts)
         params = self._as_params_list(sampling_params, len(prompts))
         requests = [self.make_request(p, sp) for p, sp in zip(prompts, params)]
-        self.stats = EngineStats()
+        self.stats = self.new_stats()
         with tqdm(total=len(requests), desc=self.milestone, unit="req", disable=not use_tqdm) as bar:
             self.run(requests, on_finish=lambda _: bar.update(1))
         return [self.make_output(r) for r in requests]
@@ -138,7 +139,7 @@ class LLMEngine:
                 f"request {request_id}: prompt ({len(token_ids)} tokens) + max_tokens ({params.max_tokens}) = "
                 f"{total} exceeds max_model_len ({self.max_model_len})"
             )
-        return Request(request_id, token_ids, params, self.eos_token_ids, prompt=text)
+        return self.request_class(request_id, token_ids, params, self.eos_token_ids, prompt=text)
 
     def make_output(self, request: Request) -> RequestOutput:
         return RequestOutput(
@@ -152,6 +153,10 @@ class LLMEngine:
         )
 
     # ------------------------------------------------------------------ helpers
+
+    def new_stats(self) -> EngineStats:
+        """Fresh counters (a later milestone returns its own ``EngineStats`` subclass)."""
+        return EngineStats()
 
     @staticmethod
     def _as_prompt_list(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:

@@ -43,9 +43,15 @@ class LLMEngine(StaticBatchingEngine):
     def __init__(self, config: EngineConfig | None = None) -> None:
         super().__init__(config if config is not None else EngineConfig())
         self.kv_bytes_per_token = KVPool.bytes_per_token(self.model_config, self.dtype)
+        self.kv_pool = self.make_kv_pool()
+        self.scheduler = self.make_scheduler()
+
+    def make_kv_pool(self) -> KVPool:
         capacity = self.config.kv_cache_tokens or self.default_kv_capacity()
-        self.kv_pool = KVPool.for_model(self.model_config, capacity, self.dtype, self.device)
-        self.scheduler = Scheduler(self.config.max_num_seqs, ContiguousAllocator(capacity))
+        return KVPool.for_model(self.model_config, capacity, self.dtype, self.device)
+
+    def make_scheduler(self) -> Scheduler:
+        return Scheduler(self.config.max_num_seqs, ContiguousAllocator(self.kv_pool.capacity))
 
     def default_kv_capacity(self) -> int:
         wanted = self.config.max_num_seqs * self.max_model_len
@@ -114,6 +120,7 @@ class LLMEngine(StaticBatchingEngine):
         else:
             raise RuntimeError("scheduler produced an empty step while requests are waiting")  # invariant
         self.record_kv_usage()  # before finished requests give their regions back: this step used them
+        self.stats.running_per_step.append(len(self.scheduler.running))
         for request in self.scheduler.remove_finished():
             self.sampler.release(request)
         return touched

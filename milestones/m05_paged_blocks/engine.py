@@ -1,0 +1,202 @@
+"""m05's engine: paged K/V, packed batches, preemption by recompute.
+
+What changes against m04, piece by piece:
+
+* **memory**: one ``PagedKVCache`` of ``num_blocks`` blocks sized from a budget (``kv_cache_tokens``,
+  ``kv_cache_memory_gib`` or ``gpu_memory_utilization``), handed out block by block by a ``BlockManager``;
+* **scheduling**: m05's ``Scheduler`` (token budget, blocks as tokens arrive, preemption) returns a list of
+  ``(sequence, new tokens)``;
+* **the forward pass**: those new tokens run as ONE packed ``[T]`` batch, no padding; ``AttentionMetadata``
+  (slot mapping, block tables, context lengths, query start offsets) is built once per step and read by every
+  layer; logits are computed only for the sequences that sample this step.
+
+The step API (``add_request`` / ``step`` / ``has_unfinished`` / ``abort``), ``generate`` on top of it, the
+sampler and the outputs are m04's, unchanged.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import torch
+
+from milestones.m01_naive_loop.attention import sdpa
+from milestones.m04_continuous_batching.engine import LLMEngine as ContinuousBatchingEngine
+
+from .block_manager import BlockManager
+from .config import EngineConfig
+from .paged_attention import AttentionMetadata, PagedAttention, PagedKVCache
+from .scheduler import Scheduler, SchedulerOutput
+from .sequence import Sequence
+from .stats import PagedEngineStats
+
+logger = logging.getLogger(__name__)
+GiB = 2**30
+
+
+class StepBatch:
+    """One step's packed inputs: token ids ``[T]``, the attention metadata, and which rows to sample from."""
+
+    def __init__(self, input_ids: torch.Tensor, metadata: AttentionMetadata, sample_rows: torch.Tensor,
+                 sampling: list[Sequence]) -> None:
+        self.input_ids, self.metadata, self.sample_rows, self.sampling = input_ids, metadata, sample_rows, sampling
+
+
+class LLMEngine(ContinuousBatchingEngine):
+    milestone = "m05_paged_blocks"
+    request_class = Sequence
+    config: EngineConfig
+    kv_pool: PagedKVCache
+    scheduler: Scheduler
+    stats: PagedEngineStats
+
+    def __init__(self, config: EngineConfig | None = None) -> None:
+        super().__init__(config if config is not None else EngineConfig())
+        logger.info(self.describe_kv_cache())
+
+    # ------------------------------------------------------------------ memory and scheduler (m04's seams)
+
+    def make_kv_pool(self) -> PagedKVCache:
+        return PagedKVCache.for_model(self.model_config, self.resolve_num_blocks(), self.config.block_size,
+                                      self.dtype, self.device)
+
+    def make_scheduler(self) -> Scheduler:
+        self.block_manager = self.make_block_manager()
+        watermark = int(self.kv_pool.num_blocks * self.config.kv_watermark)
+        return Scheduler(self.config.max_num_seqs, self.config.max_num_batched_tokens, self.block_manager, watermark)
+
+    def make_block_manager(self) -> BlockManager:
+        return BlockManager(self.kv_pool.num_blocks, self.config.block_size)
+
+    def new_stats(self) -> PagedEngineStats:
+        return PagedEngineStats()
+
+    def resolve_num_blocks(self) -> int:
+        """How many blocks the K/V budget buys (at least one, or a clear error)."""
+        config, block_size = self.config, self.config.block_size
+        block_bytes = self.kv_bytes_per_token * block_size
+        if config.kv_cache_tokens is not None:
+            budget, source = config.kv_cache_tokens * self.kv_bytes_per_token, f"kv_cache_tokens={config.kv_cache_tokens}"
+        elif config.kv_cache_memory_gib is not None:
+            budget, source = int(config.kv_cache_memory_gib * GiB), f"kv_cache_memory_gib={config.kv_cache_memory_gib}"
+        elif config.gpu_memory_utilization is not None:
+            budget = self.memory_left_for_kv(config.gpu_memory_utilization)
+            source = f"gpu_memory_utilization={config.gpu_memory_utilization}"
+        else:
+            budget, source = self.default_kv_capacity() * self.kv_bytes_per_token, "the default budget"
+        num_blocks = budget // block_bytes
+        if num_blocks < 1:
+            raise ValueError(f"{source} leaves {max(budget, 0) / GiB:.3f} GiB for K/V, less than one block of "
+                             f"{block_size} tokens ({block_bytes / 2**20:.2f} MiB)")
+        return int(num_blocks)
+
+    def memory_left_for_kv(self, fraction: float) -> int:
+        """vLLM's rule: the engine may use ``fraction`` of the GPU; K/V gets what the weights and the peak of a
+        profiled forward pass at ``max_num_batched_tokens`` leave of it."""
+        if self.device.type != "cuda":
+            raise ValueError("gpu_memory_utilization needs a CUDA device; on a CPU size the cache with "
+                             "kv_cache_memory_gib or kv_cache_tokens")
+        torch.cuda.synchronize(self.device)
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(self.device)
+        baseline = torch.cuda.memory_allocated(self.device)
+        tokens = min(self.config.max_num_batched_tokens, self.max_model_len)
+        with torch.inference_mode():
+            ids = torch.zeros(tokens, dtype=torch.long, device=self.device)
+            hidden = self.model(ids, torch.arange(tokens, device=self.device),
+                                lambda _, q, k, v: sdpa(q[None], k[None], v[None], is_causal=True)[0])
+            self.model.compute_logits(hidden[:min(tokens, self.config.max_num_seqs)])
+        torch.cuda.synchronize(self.device)
+        activations = torch.cuda.max_memory_allocated(self.device) - baseline
+        total = torch.cuda.get_device_properties(self.device).total_memory
+        return int(total * fraction) - torch.cuda.memory_allocated(self.device) - activations
+
+    def describe_kv_cache(self) -> str:
+        pool = self.kv_pool
+        size = pool.num_blocks * pool.block_size * self.kv_bytes_per_token
+        return (f"K/V cache: {pool.num_blocks:,} blocks x {pool.block_size} tokens = "
+                f"{pool.num_blocks * pool.block_size:,} token slots ({size / GiB:.2f} GiB, "
+                f"{str(self.dtype).removeprefix('torch.')})")
+
+    # ------------------------------------------------------------------ one step
+
+    def engine_step(self) -> list[Sequence]:
+        if not self.scheduler.has_unfinished():
+            return []
+        out = self.scheduler.schedule()
+        if out.is_empty:
+            raise RuntimeError("scheduler produced an empty step while requests are waiting")  # invariant
+        self.stats.num_preemptions += len(out.preempted)
+        sampled = self.execute(out)
+        self.record_step(out)
+        for request in self.scheduler.remove_finished():
+            self.sampler.release(request)
+        return sampled
+
+    def execute(self, out: SchedulerOutput) -> list[Sequence]:
+        """Run the step's packed batch through the model and sample where a sequence reached its end."""
+        batch = self.prepare_batch(out)
+        hidden = self.model(batch.input_ids, batch.metadata.positions, self.make_attention(batch.metadata))
+        self.count_tokens(out)
+        for item in out.scheduled:
+            item.seq.num_computed_tokens += item.num_new_tokens
+        if batch.sampling:
+            self.sample_and_append(hidden[batch.sample_rows], batch.sampling)
+        return batch.sampling
+
+    def make_attention(self, metadata: AttentionMetadata):
+        return PagedAttention(self.kv_pool, metadata)
+
+    def prepare_batch(self, out: SchedulerOutput) -> StepBatch:
+        """Host-side lists -> device tensors, once per step."""
+        block_size = self.config.block_size
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        query_lens, context_lens, tables, sample_rows, sampling = [], [], [], [], []
+        for item in out.scheduled:
+            seq, start = item.seq, item.seq.num_computed_tokens
+            end = start + item.num_new_tokens
+            table = self.block_manager.block_tables[seq.request_id]
+            input_ids += seq.token_ids_between(start, end)
+            positions += range(start, end)
+            slots += [table[p // block_size] * block_size + p % block_size for p in range(start, end)]
+            query_lens.append(item.num_new_tokens)
+            context_lens.append(end)
+            tables.append(table)
+            if end == seq.num_tokens:  # the step reaches the newest token: sample the next one
+                sample_rows.append(len(input_ids) - 1)
+                sampling.append(seq)
+        metadata = AttentionMetadata.build(query_lens, context_lens, positions, slots,
+                                           self.block_table_array(tables), block_size, self.device)
+        ids = torch.tensor(input_ids, dtype=torch.long).to(self.device, non_blocking=True)
+        rows = torch.tensor(sample_rows, dtype=torch.long).to(self.device, non_blocking=True)
+        return StepBatch(ids, metadata, rows, sampling)
+
+    @staticmethod
+    def block_table_array(tables: list[list[int]]) -> np.ndarray:
+        """Ragged block tables -> one ``[B, max_blocks]`` int32 array, padded with block 0 (never read)."""
+        array = np.zeros((len(tables), max(len(t) for t in tables)), dtype=np.int32)
+        for row, table in enumerate(tables):
+            array[row, :len(table)] = table
+        return array
+
+    def count_tokens(self, out: SchedulerOutput) -> None:
+        self.stats.steps += 1
+        for item in out.scheduled:
+            seq, start = item.seq, item.seq.num_computed_tokens
+            end = start + item.num_new_tokens
+            self.stats.tokens_computed += item.num_new_tokens
+            self.stats.prompt_tokens_computed += max(0, min(end, seq.num_prompt_tokens) - start)
+            self.stats.recomputed_tokens += max(0, min(end, seq.max_computed_tokens) - start)
+            seq.max_computed_tokens = max(seq.max_computed_tokens, end)
+
+    def record_step(self, out: SchedulerOutput) -> None:
+        """Blocks held, K/V reserved (whole blocks) against used (tokens cached), requests in the batch."""
+        manager = self.block_manager
+        cached_tokens = sum(seq.num_computed_tokens for seq in self.scheduler.running)
+        self.stats.record_kv(manager.num_used_blocks * manager.block_size * self.kv_bytes_per_token,
+                             cached_tokens * self.kv_bytes_per_token)
+        self.stats.record_blocks(manager.num_used_blocks, manager.num_blocks, manager.block_size)
+        self.stats.running_per_step.append(len(self.scheduler.running))
