@@ -130,8 +130,10 @@ class PagedAttention:
         return GatherIndices(self.metadata, sequences)
 
     def packed_rows(self, sequences: list[int]) -> torch.Tensor | None:
-        """Rows of the packed batch that belong to ``sequences`` (None when that is every row)."""
-        if len(sequences) == self.metadata.num_seqs:
+        """Rows of the packed batch that belong to ``sequences``, in their order (None when that is every row
+        in packed order). A group sorted by length may hold every sequence in another order: its outputs
+        must still be scattered back to their own rows."""
+        if sequences == list(range(self.metadata.num_seqs)):
             return None
         starts, lens = self.metadata.query_starts_host, self.metadata.query_lens
         rows = [row for i in sequences for row in range(starts[i], starts[i] + lens[i])]
