@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from milestones.m01_naive_loop.stats import EngineStats
 
@@ -18,9 +18,11 @@ class PagedEngineStats(EngineStats):
     num_blocks: int = 0
     block_size: int = 0
     blocks_used_peak: int = 0
+    blocks_used_per_step: list[int] = field(default_factory=list)
     num_preemptions: int = 0
     recomputed_tokens: int = 0
 
     def record_blocks(self, used: int, total: int, block_size: int) -> None:
         self.blocks_used_peak = max(self.blocks_used_peak, used)
+        self.blocks_used_per_step.append(used)
         self.num_blocks, self.block_size = total, block_size
