@@ -1,0 +1,101 @@
+"""Helpers shared by the tests of the paged engines (m05 paged blocks, m06 prefix cache, m07 chunked prefill).
+
+* ``make_engine``: a fresh engine per call. The paged engines keep state between ``generate`` calls that
+  changes what a test sees (m06's prefix cache; the stats of step-API runs), so these tests do not share
+  engines through ``engine_factory``. Building one is cheap once the tokenizer is cached (ask for the
+  ``tokenizer_cache`` fixture, which keeps that cache out of the user's home).
+* ``reference``: transformers' greedy tokens, computed once per (model, prompt) for the session.
+* ``drain``, ``StepRecorder``, ``poison``, ``assert_blocks_all_free``: drive the step API, record what the
+  scheduler chose each step, fill the K/V pool with NaN, and check that every block came back.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+from conftest import hf_greedy
+
+_references: dict[tuple[int, tuple[int, ...]], list[int]] = {}
+
+
+def make_engine(milestone: str, directory, **config):
+    """A new ``milestones.<milestone>`` engine on the checkpoint in ``directory``, on the CPU."""
+    module = importlib.import_module(f"milestones.{milestone}")
+    return module.LLMEngine(module.EngineConfig(model=str(directory), device="cpu", **config))
+
+
+def reference(model, prompt: list[int], max_tokens: int) -> list[int]:
+    """transformers' greedy tokens (EOS ignored) for ``prompt``: cached, since greedy tokens for ``n`` are the
+    first ``n`` of those for any longer run, and transformers' ``generate`` is the slow part of these tests."""
+    key = (id(model), tuple(prompt))
+    if len(_references.get(key, ())) < max_tokens:
+        _references[key] = hf_greedy(model, prompt, max(max_tokens, 16))
+    return _references[key][:max_tokens]
+
+
+def drain(engine) -> dict:
+    """Step until nothing is unfinished; the last output of every request id seen."""
+    latest = {}
+    while engine.has_unfinished():
+        for out in engine.step():
+            latest[out.request_id] = out
+    return latest
+
+
+@dataclass
+class StepRecord:
+    """What the scheduler chose in one step (recorded before the engine ran it)."""
+
+    scheduled: list[tuple[str, int, int]]  # (request id, first position fed, tokens fed)
+    admitted: list[str]
+    preempted: list[str]
+    running_after: list[str]
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return sum(n for _, _, n in self.scheduled)
+
+
+class StepRecorder:
+    """Wraps ``engine.scheduler.schedule`` (an instance attribute, removed by ``close``) to record every step."""
+
+    def __init__(self, engine) -> None:
+        self.scheduler = engine.scheduler
+        self.steps: list[StepRecord] = []
+        original = self.scheduler.schedule
+
+        def schedule():
+            out = original()
+            self.steps.append(StepRecord(
+                scheduled=[(s.seq.request_id, s.seq.num_computed_tokens, s.num_new_tokens) for s in out.scheduled],
+                admitted=[s.request_id for s in out.admitted], preempted=[s.request_id for s in out.preempted],
+                running_after=[s.request_id for s in self.scheduler.running]))
+            return out
+
+        self.scheduler.schedule = schedule
+
+    def close(self) -> None:
+        del self.scheduler.schedule
+
+    def __enter__(self) -> StepRecorder:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def poison(engine) -> None:
+    """Fill the whole K/V pool with NaN: any read of a slot no step wrote (even a masked one: 0 * NaN = NaN)
+    turns the logits, and so the tokens, into garbage."""
+    engine.kv_pool.k.fill_(float("nan"))
+    engine.kv_pool.v.fill_(float("nan"))
+
+
+def assert_blocks_all_free(engine) -> None:
+    """Nothing unfinished, no block table left, every block back on the free list with no reference."""
+    manager = engine.block_manager
+    assert not engine.has_unfinished()
+    assert manager.block_tables == {}
+    assert manager.num_free_blocks == manager.num_blocks and manager.num_used_blocks == 0
+    assert all(block.ref_count == 0 for block in manager.blocks)
