@@ -5,6 +5,7 @@
   engines through ``engine_factory``. Building one is cheap once the tokenizer is cached (ask for the
   ``tokenizer_cache`` fixture, which keeps that cache out of the user's home).
 * ``reference``: transformers' greedy tokens, computed once per (model, prompt) for the session.
+* ``SYSTEM``, ``CHATS``: prompts that share a system prompt (their references are cached across files).
 * ``drain``, ``StepRecorder``, ``poison``, ``assert_blocks_all_free``: drive the step API, record what the
   scheduler chose each step, fill the K/V pool with NaN, and check that every block came back.
 """
@@ -14,7 +15,12 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass
 
-from conftest import hf_greedy
+from conftest import hf_greedy, random_prompts
+
+# Chat-shaped prompts for the prefix-cache tests (m06, m07): one 24-token system prompt (6 blocks of 4) plus a
+# question of 1-8 tokens each.
+SYSTEM = random_prompts(1, 24, 24, seed=31)[0]
+CHATS = [SYSTEM + question for question in random_prompts(4, 1, 8, seed=32)]
 
 _references: dict[tuple[int, tuple[int, ...]], list[int]] = {}
 

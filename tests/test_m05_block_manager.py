@@ -437,6 +437,9 @@ def test_scheduler_invariants_and_exact_tokens_under_random_workloads(kind, work
                 seq.finish(0.0, "abort")
                 aborted.add(seq)
         check_block_manager(manager, {s.request_id: s.all_token_ids for s in scheduler.running})
+        for seq in scheduler.running:  # blocks for what is computed, at most for every token it has
+            table = manager.block_tables[seq.request_id]
+            assert manager.blocks_for(seq.num_computed_tokens) <= len(table) <= manager.blocks_for(seq.num_tokens)
         if scheduler.has_unfinished():
             waiting_before, running_before = list(scheduler.waiting), list(scheduler.running)
             decoders_before = [s for s in running_before if s.num_uncomputed_tokens == 1]
