@@ -151,3 +151,15 @@ def test_demo_sweeps_budgets_with_identical_tokens(tied_checkpoint, tokenizer_ca
     # Counts, not timings: a smaller budget spreads the same work over more steps.
     steps = [row["steps"] for row in rows]
     assert steps[0] < steps[1] < steps[2]
+
+
+def test_seeded_sampling_matches_m02_under_chunking_hits_and_preemption(engine_on):
+    # Each request draws from its own generator, so recomputing after a preemption, or sampling only at the end
+    # of the last chunk, must not change what it samples.
+    params = [SamplingParams(max_tokens=10, temperature=0.9, top_p=0.9, seed=200 + i, ignore_eos=True)
+              for i in range(len(CHATS))]
+    engine = engine_on(max_num_seqs=4, block_size=4, max_num_batched_tokens=10, kv_cache_tokens=52)
+    sampled = engine.generate(CHATS, params, use_tqdm=False)
+    solo = engine_on("m02_kv_cache").generate(CHATS, params, use_tqdm=False)
+    assert [o.token_ids for o in sampled] == [o.token_ids for o in solo]
+    assert engine.stats.num_preemptions >= 1 and engine.stats.prefix_cache_hit_tokens > 0
