@@ -238,6 +238,7 @@ def check_block_manager(manager: BlockManager, tokens: dict[str, list[int]] | No
     if not isinstance(manager, PrefixCachingBlockManager):
         assert all(count == 1 for count in holders.values())  # m05 never shares a block
         return
+    assert manager.num_shared_references == sum(count - 1 for count in holders.values())
     for digest, block_id in manager.cached_blocks.items():
         block = manager.blocks[block_id]
         assert block.hash == digest and len(block.token_ids) == manager.block_size

@@ -43,6 +43,7 @@ def test_a_shared_system_prompt_is_computed_once_and_tokens_stay_exact(engine_on
     assert (stats.prefix_cache_queried_tokens, stats.prefix_cache_hit_tokens) == (total, 72)
     assert stats.prefix_cache_hit_rate == pytest.approx(72 / total)
     assert stats.as_dict()["prefix_cache_hit_rate"] == stats.prefix_cache_hit_rate
+    assert stats.kv_used_peak_bytes <= stats.kv_reserved_peak_bytes  # shared blocks hold their tokens once
     assert_blocks_all_free(engine)
 
     # The blocks outlive their requests: a later request with the same system prompt still finds them.
@@ -61,6 +62,19 @@ def test_only_uncached_tokens_count_against_the_step_budget(engine_on, tied_chec
     assert len(recorder.steps[0].admitted) == 4 and recorder.steps[0].num_batched_tokens == budget
     for prompt, out in zip(CHATS, outputs):
         assert out.token_ids == reference(tied_checkpoint[1], prompt, 2)
+
+
+def test_a_shared_block_counts_once_in_kv_used(engine_on):
+    # A (8 tokens) and B (A's first block + 2 tokens) run one step together; B shares A's first block.
+    # Slots holding K/V: 8 + 6 - 4 shared = 10, in 3 blocks of 4 (12 slots reserved).
+    engine = engine_on(max_num_seqs=2, block_size=4, kv_cache_tokens=64)
+    a = LONG[:8]
+    outputs = engine.generate([a, a[:4] + LONG[20:22]], greedy(1), use_tqdm=False)
+    assert [o.num_cached_tokens for o in outputs] == [0, 4]
+    stats, per_token = engine.stats, engine.kv_bytes_per_token
+    assert stats.steps == 1 and stats.blocks_used_peak == 3
+    assert (stats.kv_used_peak_bytes, stats.kv_reserved_peak_bytes) == (10 * per_token, 12 * per_token)
+    assert engine.block_manager.num_shared_references == 0  # both finished: nothing shared any more
 
 
 def test_prefix_caching_off_is_exactly_m05(engine_on):

@@ -195,8 +195,11 @@ class LLMEngine(ContinuousBatchingEngine):
     def record_step(self, out: SchedulerOutput) -> None:
         """Blocks held, K/V reserved (whole blocks) against used (tokens cached), requests in the batch."""
         manager = self.block_manager
-        cached_tokens = sum(seq.num_computed_tokens for seq in self.scheduler.running)
         self.stats.record_kv(manager.num_used_blocks * manager.block_size * self.kv_bytes_per_token,
-                             cached_tokens * self.kv_bytes_per_token)
+                             self.kv_slots_holding_tokens() * self.kv_bytes_per_token)
         self.stats.record_blocks(manager.num_used_blocks, manager.num_blocks, manager.block_size)
         self.stats.running_per_step.append(len(self.scheduler.running))
+
+    def kv_slots_holding_tokens(self) -> int:
+        """Slots whose K/V is computed: each running request's computed tokens (m06 counts a shared block once)."""
+        return sum(seq.num_computed_tokens for seq in self.scheduler.running)

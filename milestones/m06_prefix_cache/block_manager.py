@@ -68,6 +68,7 @@ class PrefixCachingBlockManager(BlockManager):
         self.enable_caching = enable_caching  # False: nothing is ever registered, so nothing is ever found
         self.cached_blocks: dict[int, int] = {}  # hash -> block id
         self._num_registered: dict[str, int] = {}  # request id -> how many of its leading blocks are registered
+        self.num_shared_references = 0  # sum over blocks of (ref_count - 1) where above 1: copies NOT stored
 
     # ------------------------------------------------------------------ lookups
 
@@ -108,6 +109,8 @@ class PrefixCachingBlockManager(BlockManager):
             block = self.blocks[block_id]
             if block.ref_count == 0:
                 del self.free_block_ids[block_id]  # back from the LRU pool, contents intact
+            else:
+                self.num_shared_references += 1
             block.ref_count += 1
         fresh = [self._take_free_block() for _ in range(self.blocks_for(len(token_ids)) - len(hits))]
         self.block_tables[request_id] = hits + fresh
@@ -135,6 +138,7 @@ class PrefixCachingBlockManager(BlockManager):
         return self._num_registered[request_id]
 
     def free(self, request_id: str) -> None:
+        self.num_shared_references -= sum(1 for b in self.block_tables[request_id] if self.blocks[b].ref_count > 1)
         super().free(request_id)
         del self._num_registered[request_id]
 

@@ -71,6 +71,11 @@ class LLMEngine(PagedEngine):
                 self.stats.prefix_cache_queried_tokens += seq.num_prompt_tokens
                 self.stats.prefix_cache_hit_tokens += seq.num_cached_tokens
 
+    def kv_slots_holding_tokens(self) -> int:
+        # A block in n tables is computed tokens of each of its n requests, but holds them in one set of slots.
+        manager = self.block_manager
+        return super().kv_slots_holding_tokens() - manager.num_shared_references * manager.block_size
+
     def make_output(self, request: Request) -> CachedRequestOutput:
         base = super().make_output(request)
         return CachedRequestOutput(**{f.name: getattr(base, f.name) for f in fields(base)},
