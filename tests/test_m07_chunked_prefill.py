@@ -100,6 +100,20 @@ def test_decoders_get_a_token_every_step_while_a_long_prompt_is_chunked(engine_o
     assert_blocks_all_free(engine)
 
 
+def test_aborting_a_prompt_mid_chunk_frees_its_blocks_and_keeps_what_it_computed_findable(engine_on, tied_checkpoint):
+    engine = engine_on(max_num_seqs=2, block_size=4, max_num_batched_tokens=8, kv_cache_tokens=128)
+    request_id = engine.add_request(PROMPTS[3], greedy(4))  # 40 tokens: 5 chunks of 8
+    for _ in range(3):
+        assert engine.step() == []  # no token until the last chunk
+    assert engine.abort(request_id) is True
+    assert_blocks_all_free(engine)
+    assert engine.block_manager.num_cached_free_blocks == 6  # the 24 computed tokens stay findable
+    with StepRecorder(engine) as recorder:
+        (out,) = engine.generate([PROMPTS[3]], greedy(4), use_tqdm=False)
+    assert out.num_cached_tokens == 24 and recorder.steps[0].scheduled[0][1:] == (24, 8)
+    assert out.token_ids == reference(tied_checkpoint[1], PROMPTS[3], 4)
+
+
 def test_chunking_prefix_hits_and_preemption_together(engine_on, tied_checkpoint):
     budget = 10
     engine = engine_on(max_num_seqs=4, block_size=4, max_num_batched_tokens=budget, kv_cache_tokens=56)
