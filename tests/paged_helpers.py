@@ -57,6 +57,8 @@ class StepRecord:
     admitted: list[str]
     preempted: list[str]
     running_after: list[str]
+    input_ids: list[int] | None = None  # what the engine then fed the model (packed batch)
+    positions: list[int] | None = None
 
     @property
     def num_batched_tokens(self) -> int:
@@ -64,12 +66,20 @@ class StepRecord:
 
 
 class StepRecorder:
-    """Wraps ``engine.scheduler.schedule`` (an instance attribute, removed by ``close``) to record every step."""
+    """Wraps ``engine.scheduler.schedule`` and ``engine.prepare_batch`` (instance attributes, removed by
+    ``close``) to record what the scheduler chose every step and what the engine fed the model for it."""
 
     def __init__(self, engine) -> None:
-        self.scheduler = engine.scheduler
+        self.engine, self.scheduler = engine, engine.scheduler
         self.steps: list[StepRecord] = []
         original = self.scheduler.schedule
+        original_prepare = engine.prepare_batch
+
+        def prepare_batch(out):
+            batch = original_prepare(out)
+            self.steps[-1].input_ids = batch.input_ids.tolist()
+            self.steps[-1].positions = batch.metadata.positions.tolist()
+            return batch
 
         def schedule():
             out = original()
@@ -80,9 +90,22 @@ class StepRecorder:
             return out
 
         self.scheduler.schedule = schedule
+        engine.prepare_batch = prepare_batch
 
     def close(self) -> None:
         del self.scheduler.schedule
+        del self.engine.prepare_batch
+
+    def assert_fed_as_scheduled(self, tokens: dict[str, list[int]]) -> None:
+        """Every step fed each scheduled request exactly its tokens ``[start, start + n)`` at those positions.
+        ``tokens``: every request's prompt + output ids. Token equality alone misses some position bugs: RoPE
+        sees only the distance between a query and a key, so positions all shifted alike give the same tokens."""
+        for step in self.steps:
+            expected_ids, expected_positions = [], []
+            for request_id, start, n in step.scheduled:
+                expected_ids += tokens[request_id][start:start + n]
+                expected_positions += range(start, start + n)
+            assert step.input_ids == expected_ids and step.positions == expected_positions
 
     def __enter__(self) -> StepRecorder:
         return self

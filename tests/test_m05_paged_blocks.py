@@ -52,6 +52,7 @@ def test_prompts_admitted_together_keep_their_own_attention_outputs(engine_on, t
         outputs = engine.generate(prompts, greedy(3), use_tqdm=False)
     assert len(recorder.steps[0].admitted) == 3  # all three in the first step
     lengths = [n for _, _, n in recorder.steps[0].scheduled]
+    recorder.assert_fed_as_scheduled({o.request_id: o.prompt_token_ids + o.token_ids for o in outputs})
     assert lengths != sorted(lengths)
     assert [o.token_ids for o in outputs] == [reference(tied_checkpoint[1], p, 3) for p in prompts]
 
@@ -77,6 +78,7 @@ def test_preempted_again_and_again_tokens_stay_exact(engine_on, tied_checkpoint)
         outputs = engine.generate(prompts, [greedy(n) for n in lengths], use_tqdm=False)
     for prompt, n, out in zip(prompts, lengths, outputs):
         assert out.token_ids == reference(tied_checkpoint[1], prompt, n)
+    recorder.assert_fed_as_scheduled({o.request_id: o.prompt_token_ids + o.token_ids for o in outputs})
     stats = engine.stats
     preempted = Counter(request_id for step in recorder.steps for request_id in step.preempted)
     assert stats.num_preemptions == sum(preempted.values()) >= len(prompts)

@@ -33,6 +33,7 @@ def test_a_shared_system_prompt_is_computed_once_and_tokens_stay_exact(engine_on
         outputs = engine.generate(CHATS, greedy(6), use_tqdm=False)
     for prompt, out in zip(CHATS, outputs):
         assert out.token_ids == reference(tied_checkpoint[1], prompt, 6)
+    recorder.assert_fed_as_scheduled({o.request_id: o.prompt_token_ids + o.token_ids for o in outputs})
     # All four are admitted in the first step; the later ones find the blocks the first one registered in
     # that same step (every layer writes the step's K/V before any of it is read).
     assert len(recorder.steps[0].admitted) == 4
@@ -127,6 +128,7 @@ def test_prefix_hits_with_preemption_and_readmission_stay_exact(engine_on, tied_
         outputs = engine.generate(CHATS, greedy(12), use_tqdm=False)
     for prompt, out in zip(CHATS, outputs):
         assert out.token_ids == reference(tied_checkpoint[1], prompt, 12)
+    recorder.assert_fed_as_scheduled({o.request_id: o.prompt_token_ids + o.token_ids for o in outputs})
     preempted = {rid for step in recorder.steps for rid in step.preempted}
     readmitted = {rid for step in recorder.steps for rid in step.admitted if rid in preempted}
     assert engine.stats.num_preemptions >= 2 and readmitted == preempted

@@ -33,6 +33,7 @@ def test_prompts_shorter_than_equal_to_and_longer_than_the_budget(engine_on, tie
         prompts, greedy(5), use_tqdm=False)
     for prompt, out, whole in zip(prompts, outputs, m06):
         assert out.token_ids == whole.token_ids == reference(tied_checkpoint[1], prompt, 5)
+    recorder.assert_fed_as_scheduled({o.request_id: o.prompt_token_ids + o.token_ids for o in outputs})
     assert max(step.num_batched_tokens for step in recorder.steps) == 16
     # The first prompt (17 tokens) takes the whole first step and finishes with one token in the second,
     # where the 16-token one gets the rest of the budget.
@@ -122,6 +123,7 @@ def test_chunking_prefix_hits_and_preemption_together(engine_on, tied_checkpoint
         outputs = engine.generate(CHATS, greedy(12), use_tqdm=False)
     for prompt, out in zip(CHATS, outputs):
         assert out.token_ids == reference(tied_checkpoint[1], prompt, 12)
+    recorder.assert_fed_as_scheduled({o.request_id: o.prompt_token_ids + o.token_ids for o in outputs})
     stats = engine.stats
     assert stats.num_preemptions >= 1 and stats.prefix_cache_hit_tokens >= 24
     assert any(0 < start % 4 for step in recorder.steps for _, start, n in step.scheduled if n > 1)
