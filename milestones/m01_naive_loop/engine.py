@@ -106,7 +106,11 @@ class LLMEngine:
 
     def sample_and_append(self, last_hidden: torch.Tensor, requests: list[Request]) -> None:
         """LM head on one hidden row per request, sample, and append each token (which may finish it)."""
-        tokens = self.sampler(self.model.compute_logits(last_hidden), requests)
+        self.sample_logits_and_append(self.model.compute_logits(last_hidden), requests)
+
+    def sample_logits_and_append(self, logits: torch.Tensor, requests: list[Request]) -> None:
+        """Sample one token per row of ``logits`` and append it to its request."""
+        tokens = self.sampler(logits, requests)
         now = time.perf_counter()
         for request, token in zip(requests, tokens):
             request.append_token(token, now)
