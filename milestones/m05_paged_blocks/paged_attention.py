@@ -136,8 +136,8 @@ class PagedAttention:
         self.cache.write(layer_idx, self.metadata.slot_mapping, k, v)
 
     def packed_rows(self, sequences: list[int]) -> torch.Tensor | None:
-        """Rows of the packed batch that belong to ``sequences`` (None when that is every row)."""
-        if len(sequences) == self.metadata.num_seqs:
+        """Rows of the packed batch that belong to ``sequences``, in their order (None: every row, in order)."""
+        if sequences == list(range(self.metadata.num_seqs)):
             return None
         starts, lens = self.metadata.query_starts_host, self.metadata.query_lens
         rows = [row for i in sequences for row in range(starts[i], starts[i] + lens[i])]
