@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import random
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -97,7 +99,7 @@ def hf_greedy(model, prompt_ids: list[int], max_new_tokens: int, ignore_eos: boo
 
 
 def reference_problems(prompts: list[list[int]], outputs: list[list[int]], gaps: list[float]) -> list[str]:
-    """Why a greedy reference would make a weak test (empty when it is fine). See ``assert_reference_is_informative``."""
+    """Why a greedy reference would make a weak test; empty when it is fine (``assert_reference_is_informative``)."""
     problems = []
     for i, (prompt, tokens) in enumerate(zip(prompts, outputs)):
         counts = Counter(tokens)
@@ -136,6 +138,29 @@ def greedy_reference(model, prompts: list[list[int]], max_new_tokens: int) -> li
 def random_prompts(n: int, min_len: int, max_len: int, seed: int = 0) -> list[list[int]]:
     rng = random.Random(seed)
     return [[rng.randrange(4, VOCAB) for _ in range(rng.randint(min_len, max_len))] for _ in range(n)]
+
+
+@contextmanager
+def recorded_model_inputs(engine) -> Iterator[list[tuple[torch.Tensor, torch.Tensor]]]:
+    """Record ``(input_ids, positions)`` of every forward pass ``engine.model`` runs inside the ``with`` block.
+
+    Token equality cannot see every position bug: RoPE depends only on the distance between a query and a key, so a
+    row whose positions are ALL shifted by one gives the same tokens (until the shift runs past the RoPE table).
+    Tests that check the positions themselves use this.
+    """
+    calls: list[tuple[torch.Tensor, torch.Tensor]] = []
+    model = engine.model
+    original = model.forward
+
+    def forward(input_ids, positions, attention):
+        calls.append((input_ids.detach().clone(), positions.detach().clone()))
+        return original(input_ids, positions, attention)
+
+    model.forward = forward  # an instance attribute: nn.Module.__call__ finds it before the class's forward
+    try:
+        yield calls
+    finally:
+        del model.forward
 
 
 # --------------------------------------------------------------------------- shared by the m01/m02 engine tests
