@@ -13,6 +13,10 @@ is only worth comparing against if a bug would change it, so the test models are
   prompt token over and over, different outputs for different prompts, and a clear top-1 logit at every greedy
   step (so exact equality in fp32 never hangs on a near-tie). A change that makes the models degenerate again fails
   loudly at fixture setup instead of quietly weakening every test.
+
+Mutation checks: ``python tests/mutation_check.py`` reintroduces known bugs (RMSNorm ignoring its weight, q/k norm
+swapped, RoPE positions off by one, FCFS overtaking) in a scratch copy of the repository and lists the tests that
+catch each one.
 """
 
 from __future__ import annotations
