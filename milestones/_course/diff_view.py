@@ -62,7 +62,18 @@ def _dedented(override: Override) -> tuple[list[str], list[str]]:
 
 
 def _wrap(text: str, width: int) -> list[str]:
-    return [text[i:i + width] for i in range(0, len(text), width)] or [""]
+    """``text`` in pieces of at most ``width`` columns, broken at a space where one is near the end; the pieces
+    after the first are indented 4 past the line's own indentation, as a continued line of code would be."""
+    indent = " " * (len(text) - len(text.lstrip()) + 4)
+    pieces, rest = [], text
+    while len(rest) > width:
+        cut = rest.rfind(" ", int(width * 0.6), width + 1)
+        cut = cut if cut > len(indent) else width
+        pieces.append(rest[:cut].rstrip())
+        rest = indent + rest[cut:].lstrip()
+        if len(indent) >= width // 2:  # deeply indented: do not let the indentation eat the pane
+            indent = ""
+    return pieces + [rest]
 
 
 def side_by_side(override: Override, width: int, style: Style) -> list[str]:
