@@ -285,3 +285,20 @@ def test_stat_and_unified_exclude_each_other(capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["diff", "m01", "m02", "--stat", "--unified"])
     assert exit_info.value.code == 2
+
+
+def test_a_milestone_that_does_not_import_is_named_in_one_line(capsys, monkeypatch):
+    from milestones._course import changes
+
+    real = importlib.import_module
+
+    def half_written(name: str, *args):
+        if name == "milestones.m02_kv_cache.kv_cache":
+            raise SyntaxError("invalid syntax (kv_cache.py, line 12)")
+        return real(name, *args)
+
+    monkeypatch.setattr(changes.importlib, "import_module", half_written)
+    status, out, err = run(capsys, "diff", "m01", "m02")
+    assert status == 1 and out == ""
+    assert err == ("python -m milestones: error: cannot import milestones.m02_kv_cache.kv_cache: "
+                   "SyntaxError: invalid syntax (kv_cache.py, line 12)\n")

@@ -129,12 +129,14 @@ def full_view(changes: StepChanges, width: int, layout: str, style: Style) -> li
     new = changes.new
     out = [_rule(f"{new.name} (after {changes.old.name})", width, style), new.idea]
     links = [f"doc: {new.doc_page}" if new.doc_page else "", f"demo: {new.demo_command}" if new.demo_command else ""]
-    out += [style("   ".join(filter(None, links)), "dim"), ""]
+    out += [style("   ".join(filter(None, links)), "dim")] if any(links) else []
+    out.append("")
 
     out.append(_heading("New modules", style))
     path_width = max((len(m.path) for m in changes.modules), default=0)
     for module in changes.modules:
-        head = f"  {module.path.ljust(path_width)}  {module.num_lines:4d} lines  "
+        unit = "line" if module.num_lines == 1 else "lines"
+        head = f"  {module.path.ljust(path_width)}  {module.num_lines:4d} {unit:<5}  "
         out.append(head.replace(module.path, style(module.path, "cyan")) + _fit(module.summary, width - len(head)))
         defines = ", ".join(module.classes + tuple(f"{f}()" for f in module.functions))
         if defines:
