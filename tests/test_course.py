@@ -302,3 +302,12 @@ def test_a_milestone_that_does_not_import_is_named_in_one_line(capsys, monkeypat
     assert status == 1 and out == ""
     assert err == ("python -m milestones: error: cannot import milestones.m02_kv_cache.kv_cache: "
                    "SyntaxError: invalid syntax (kv_cache.py, line 12)\n")
+
+
+def test_the_course_package_is_no_milestone_to_the_benchmarks():
+    from benchmarks.harness import resolve_milestone_module
+
+    with pytest.raises(ValueError) as error:
+        resolve_milestone_module("_course")
+    assert "_course" not in str(error.value).split("choose from", 1)[1]
+    assert resolve_milestone_module("m02") == "milestones.m02_kv_cache"
