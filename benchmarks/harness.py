@@ -93,7 +93,7 @@ def resolve_milestone_module(milestone: str) -> str:
     """``m02`` or ``m02_kv_cache`` -> ``milestones.m02_kv_cache``."""
     import milestones
 
-    names = sorted(m.name for m in pkgutil.iter_modules(milestones.__path__) if m.ispkg)
+    names = sorted(m.name for m in pkgutil.iter_modules(milestones.__path__) if m.ispkg and m.name[:1] == "m")
     for name in names:
         if milestone in (name, milestone_key(name)):
             return f"milestones.{name}"
