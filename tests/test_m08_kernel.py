@@ -330,8 +330,8 @@ def test_kernel_bench_smoke(tmp_path):
     assert result["copy_bandwidth_gbs"] > 0 and result["shape"]["num_kv_heads"] == 2
     assert [(c["batch"], c["context"]) for c in result["cases"]] == [(1, 17), (2, 17)]
     for case in result["cases"]:
-        assert {"triton_ms", "gather_ms", "speedup", "triton_gbs", "copy_fraction", "max_abs_diff",
-                "num_splits", "kv_bytes"} <= case.keys()
+        assert {"triton_ms", "gather_ms", "speedup", "triton_wall_ms", "gather_wall_ms", "speedup_wall",
+                "triton_gbs", "copy_fraction", "max_abs_diff", "num_splits", "kv_bytes"} <= case.keys()
         assert case["kv_bytes"] == 2 * case["batch"] * 17 * 2 * 16 * 2  # K and V, bf16
         assert case["max_abs_diff"] <= kernel_bench.BF16_TOLERANCE
     assert {r["config_name"] for r in result["sweep"]} == set(kernel_bench.SWEEP_CONFIGS)
