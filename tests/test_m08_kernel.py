@@ -268,15 +268,16 @@ def test_bad_config_raises_value_error(kwargs):
 # --------------------------------------------------------------------------- the K/V store
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_store_kv_writes_the_mapped_slots_only(dtype):
+@pytest.mark.parametrize("dtype, slot_dtype", [(torch.float32, torch.int64), (torch.float16, torch.int32),
+                                               (torch.bfloat16, torch.int64)], ids=str)
+def test_store_kv_writes_the_mapped_slots_only(dtype, slot_dtype):
     num_blocks, block_size, kv_heads, head_dim = 6, 4, 2, 16
     k_cache = torch.randn(num_blocks, block_size, kv_heads, head_dim, device=DEVICE).to(dtype)
     v_cache = torch.randn_like(k_cache)
     k_before, v_before = k_cache.clone(), v_cache.clone()
     k = torch.randn(5, kv_heads, head_dim, device=DEVICE).to(dtype)
     v = torch.randn_like(k)
-    slots = torch.tensor([13, -1, 0, 23, 5], dtype=torch.int32, device=DEVICE)  # -1: a padding token
+    slots = torch.tensor([13, -1, 0, 23, 5], dtype=slot_dtype, device=DEVICE)  # -1: a padding token
     store_kv(k, v, k_cache, v_cache, slots)
     expected_k, expected_v = k_before.view(-1, kv_heads, head_dim), v_before.view(-1, kv_heads, head_dim)
     keep = slots >= 0
