@@ -6,10 +6,17 @@ launch), ``attention.py`` (decodes to the kernel, prompt chunks to m05's torch p
 ``config.py`` / ``engine.py`` (``attention_backend``: auto, torch, triton).
 """
 
-from milestones.m01_naive_loop import SamplingParams
-from milestones.m06_prefix_cache import RequestOutput
+import os
 
-from .config import EngineConfig
-from .engine import LLMEngine
+import torch
+
+if not torch.cuda.is_available():  # without a GPU, Triton kernels can run only in Triton's interpreter, which
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # must be chosen before anything imports triton
+
+from milestones.m01_naive_loop import SamplingParams  # noqa: E402
+from milestones.m06_prefix_cache import RequestOutput  # noqa: E402
+
+from .config import EngineConfig  # noqa: E402
+from .engine import LLMEngine  # noqa: E402
 
 __all__ = ["EngineConfig", "LLMEngine", "RequestOutput", "SamplingParams"]
