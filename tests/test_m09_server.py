@@ -462,3 +462,37 @@ def test_demo_serves_the_same_text_as_offline_and_prints_the_table(capsys):
     offline, online = rows
     assert offline["output tokens"] == online["output tokens"] == 16
     assert online["TTFT p50 (ms)"] > 0 and not math.isnan(online["output tok/s"])
+
+
+# --------------------------------------------------------------------------- the online benchmark
+
+
+def test_reliability_run_with_disconnecting_clients(server, engine):
+    from benchmarks.online import reliability_run
+
+    wait_until_idle(engine)
+    requests = [(prompt, 3 + i % 10) for i, prompt in enumerate(random_prompts(24, 2, 20, seed=17))]
+    report = reliability_run(server.url, MODEL_NAME, requests, disconnect_fraction=0.25, seed=1, progress=False)
+    assert report["disconnected"] >= 3 and report["server_errors"] == 0
+    assert report["completed_full_length"] == 24 - report["disconnected"]
+    assert report["kv_blocks_free_after"] == report["kv_blocks_total"] > 0
+    assert report["answers_after"] and report["passed"]
+
+
+def test_online_benchmark_serves_a_milestone_and_writes_json(tmp_path, tokenizer_cache):
+    from benchmarks.online import main as online
+
+    (result,) = online(["--milestone", "m09", "--model", "tiny", "--device", "cpu", "--workload", "offline",
+                        "--max-requests", "4", "--max-tokens", "3", "--rates", "inf,50", "--offline-reference",
+                        "--max-num-seqs", "4", "--out-dir", str(tmp_path), "--no-progress"])
+    saved = json.loads((tmp_path / "cpu" / "online_m09_offline.json").read_text())
+    assert saved["milestone"] == "m09_server" and saved["engine_config"]["max_num_seqs"] == 4
+    assert saved["workload"]["slice"]["num_requests_run"] == 4 and saved["env"]["source_sha256"]
+    assert [run["rate"] for run in saved["runs"]] == ["inf", 50.0]
+    for run in saved["runs"]:
+        summary = run["summary"]
+        assert summary["completed_full_length"] == 4 and summary["output_tokens"] == 12 and summary["errors"] == 0
+        assert summary["ttft_p50_s"] <= summary["ttft_p99_s"] and summary["itl_p50_s"] > 0
+        assert run["server_after"]["kv_cache_blocks_free"] == run["server_after"]["kv_cache_blocks_total"]
+    assert saved["offline_reference"]["output_tokens"] == 12 and saved["burst_vs_offline"] > 0
+    assert result["runs"][0]["summary"] == saved["runs"][0]["summary"]
