@@ -211,7 +211,8 @@ def run_target(args: argparse.Namespace, parser: argparse.ArgumentParser, milest
     """Benchmark one target (a milestone served here, or ``args.url``) in the chosen mode; returns the result."""
     workload, requests = load_requests(args.workload, args.workload_seed, args.max_requests,
                                        args.num_requests if args.reliability else None, args.max_tokens)
-    result = {"schema_version": SCHEMA_VERSION, "kind": "online", "mode": "reliability" if args.reliability else "rates",
+    result = {"schema_version": SCHEMA_VERSION, "kind": "online", "status": "ok",
+              "mode": "reliability" if args.reliability else "rates",
               "milestone": None, "url": args.url, "model": args.model, "workload": workload,
               "max_tokens_cap": args.max_tokens, "engine_config": None, "offline_reference": None}
     server = engine = None
