@@ -312,6 +312,7 @@ BAD_COMPLETIONS = {
     "token id outside the vocabulary": ({"prompt": [5, 10**9]}, 400, None),
     "empty stop string": ({"prompt": "hi", "stop": [""]}, 400, "stop"),
     "echo": ({"prompt": "hi", "echo": True}, 400, None),
+    "seed past 64 bits": ({"prompt": "hi", "seed": 2**64}, 400, "seed"),
 }
 BAD_CHATS = {
     "empty messages": ({"messages": []}, 400, "messages"),

@@ -15,6 +15,7 @@ Responses are plain dicts built by ``serving.py``; their shapes are documented h
   a chunk with ``"choices": []`` and the usage; then ``data: [DONE]``.
 * ``usage``: ``{"prompt_tokens", "completion_tokens", "total_tokens",
   "prompt_tokens_details": {"cached_tokens"}}`` (cached: prompt tokens served by the prefix cache, m06 on).
+* with ``"return_token_ids": true`` (vLLM's extension) each choice also lists its generated ``token_ids``.
 * an error: ``{"error": {"message", "type", "param", "code"}}``.
 """
 
@@ -40,7 +41,7 @@ class SamplingRequest(BaseModel):
     temperature: float = Field(1.0, ge=0.0)  # OpenAI's default; 0 is greedy
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: int = Field(-1, ge=-1)  # -1 or 0: off (vLLM's extension)
-    seed: int | None = None
+    seed: int | None = Field(None, ge=0, lt=2**63)
     stop: str | list[str] | None = Field(None, validate_default=True)  # becomes a list of strings
     stop_token_ids: list[Annotated[int, Field(ge=0)]] = Field(default_factory=list)
     ignore_eos: bool = False

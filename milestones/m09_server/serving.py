@@ -127,8 +127,11 @@ class ClosingStreamingResponse(StreamingResponse):
             self.on_close()
 
 
-async def cancel_on_disconnect(request: HTTPRequest, work: Awaitable) -> object:
-    """Await ``work`` unless the client disconnects first; then cancel it (its ``finally`` aborts the request)."""
+async def cancel_on_disconnect(request: HTTPRequest, work: Awaitable) -> object | None:
+    """Await ``work`` unless the client disconnects first; then cancel it (its ``finally`` aborts the request).
+
+    Returns ``work``'s result, or None when the client left.
+    """
     task = asyncio.ensure_future(work)
     watcher = asyncio.ensure_future(_wait_for_disconnect(request))
     try:
@@ -137,14 +140,16 @@ async def cancel_on_disconnect(request: HTTPRequest, work: Awaitable) -> object:
         if not task.done():
             task.cancel()
         watcher.cancel()
-    if task.cancelled():
-        raise asyncio.CancelledError("the client disconnected")
-    return task.result()
+    return None if task.cancelled() else task.result()
 
 
 async def _wait_for_disconnect(request: HTTPRequest) -> None:
     while (await request.receive())["type"] != "http.disconnect":
         pass
+
+
+def client_gone() -> Response:
+    return Response(status_code=499)  # nginx's "client closed request": nobody is there to read it
 
 
 def with_token_ids(choice: dict, token_ids: list[int], body: SamplingRequest) -> dict:
@@ -185,7 +190,10 @@ class OpenAIServing:
                 choice = {"index": 0, "text": delta.text, "logprobs": None, "finish_reason": delta.finish_reason}
                 return chunk([with_token_ids(choice, delta.token_ids, body)])
             return self.stream_response(generation, stream_chunk, chunk, body.include_usage)
-        text, token_ids, finish = await self.collect(generation, request)
+        collected = await self.collect(generation, request)
+        if collected is None:
+            return client_gone()
+        text, token_ids, finish = collected
         choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
         return JSONResponse(chunk([with_token_ids(choice, token_ids, body)], usage=generation.usage()))
 
@@ -214,7 +222,10 @@ class OpenAIServing:
                 choice = {"index": 0, "delta": message, "logprobs": None, "finish_reason": delta.finish_reason}
                 return chunk([with_token_ids(choice, delta.token_ids, body)])
             return self.stream_response(generation, stream_chunk, chunk, body.include_usage)
-        text, token_ids, finish = await self.collect(generation, request)
+        collected = await self.collect(generation, request)
+        if collected is None:
+            return client_gone()
+        text, token_ids, finish = collected
         choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
                   "finish_reason": finish}
         return JSONResponse({"id": response_id, "object": "chat.completion", "created": created, "model": model,
@@ -269,8 +280,8 @@ class OpenAIServing:
 
     # ------------------------------------------------------------------ after the engine
 
-    async def collect(self, generation: Generation, request: HTTPRequest) -> tuple[str, list[int], str | None]:
-        """Non-streaming: the whole text, token ids and finish reason (cancelled if the client disconnects)."""
+    async def collect(self, generation: Generation, request: HTTPRequest) -> tuple[str, list[int], str | None] | None:
+        """Non-streaming: the whole text, token ids and finish reason; None if the client disconnected first."""
         async def run() -> tuple[str, list[int], str | None]:
             pieces, token_ids, finish = [], [], None
             try:
