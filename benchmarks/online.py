@@ -16,7 +16,8 @@ prompts, fixed output lengths) as streaming ``/v1/completions``:
 The server is either started here, in this process, for each ``--milestone`` (``m09``, later ``m10``: one
 GPU call measures them side by side), or reached at ``--url`` (any OpenAI-compatible server). In-process,
 ``--offline-reference`` first runs the same requests through the same engine's ``generate``: the ratio of
-the burst's output tokens/s to it is what the server costs at saturation.
+the burst's output tokens/s to it is what the server costs at saturation. (Each run sends its own variant of
+the prompts, same shapes, other token ids, so that none is served from another's prefix cache.)
 
     python -m benchmarks.online --milestone m09 --workload offline --rates 2,8,32,inf --offline-reference
     python -m benchmarks.online --milestone m09 --reliability --num-requests 512 --max-tokens 128
@@ -45,7 +46,7 @@ import torch
 from milestones.m01_naive_loop.metrics import summarize as summarize_offline
 
 from .env import REPO_ROOT, environment
-from .workloads import WORKLOADS, RequestSpec, get_workload
+from .workloads import PROMPT_VOCAB, WORKLOADS, RequestSpec, get_workload
 
 SCHEMA_VERSION = 1
 DEFAULT_MODEL = "qwen3-0.6b-random"
@@ -55,17 +56,38 @@ WARMUP_REQUESTS = [((1000, 2000, 3000, 4000, 5000, 6000, 7000, 8000), 4)] * 2
 # --------------------------------------------------------------------------- requests
 
 
+# Every run sends its own *variant* of the prompts: token ids shifted by ``k * VARIANT_STRIDE`` (mod the BPE
+# vocabulary) for run k. Lengths and output lengths are unchanged, so the work is the same, but no run finds
+# another run's prompts in the prefix cache (m06 on): without this, the second rate would be served from the
+# first one's cache. Prefixes shared *within* a run (the ``prefix`` workload) stay shared.
+VARIANT_STRIDE = 7919
+VARIANTS_NOTE = ("run k (offline reference k=0, rates k=1.., reliability: k = how often the workload was cycled) "
+                 f"sends the workload's prompts with token ids shifted by k*{VARIANT_STRIDE} mod {PROMPT_VOCAB}: "
+                 "the same shapes, and no prefix-cache hits across runs")
+
+
+def variant(prompt: tuple[int, ...] | list[int], k: int) -> list[int]:
+    return [(t + k * VARIANT_STRIDE) % PROMPT_VOCAB for t in prompt]
+
+
 def load_requests(workload_name: str, seed: int, max_requests: int | None, num_requests: int | None,
-                  max_tokens: int | None) -> tuple[dict, list[tuple[list[int], int]]]:
-    """(workload description, [(prompt ids, max_tokens)]): sliced to ``max_requests``, cycled to ``num_requests``."""
+                  max_tokens: int | None) -> tuple[dict, list[RequestSpec]]:
+    """(workload description, its requests): sliced to ``max_requests``, cycled to ``num_requests``, capped."""
     workload = get_workload(workload_name, seed)
     if max_requests is not None:
         workload = workload.sliced(max_requests, f"--max-requests {max_requests}")
     specs: list[RequestSpec] = workload.requests
-    if num_requests is not None:
-        specs = [specs[i % len(specs)] for i in range(num_requests)]
-    requests = [(list(s.prompt_token_ids), min(s.max_tokens, max_tokens or s.max_tokens)) for s in specs]
-    return workload.describe(), requests
+    if num_requests is not None:  # cycle k of the workload is its variant k
+        specs = [RequestSpec(tuple(variant(specs[i % len(specs)].prompt_token_ids, i // len(specs))),
+                             specs[i % len(specs)].max_tokens) for i in range(num_requests)]
+    if max_tokens is not None:
+        specs = [RequestSpec(s.prompt_token_ids, min(s.max_tokens, max_tokens), s.group) for s in specs]
+    return workload.describe(), specs
+
+
+def requests_of(specs: list[RequestSpec], k: int) -> list[tuple[list[int], int]]:
+    """Variant ``k`` of the requests as (prompt ids, max_tokens) pairs."""
+    return [(variant(s.prompt_token_ids, k), s.max_tokens) for s in specs]
 
 
 # --------------------------------------------------------------------------- a server started here
@@ -130,14 +152,16 @@ def engine_metrics(values: dict[str, float]) -> dict:
     return {key.removeprefix("nanoserve_"): values.get(key) for key in keys}
 
 
-def rate_runs(url: str, model: str | None, requests: list, rates: list[float], seed: int, progress: bool) -> list:
+def rate_runs(url: str, model: str | None, specs: list[RequestSpec], rates: list[float], seed: int,
+              progress: bool) -> list:
+    """One run per rate, run i sending prompt variant i + 1 (variant 0 is the offline reference's)."""
     from milestones.m09_server.load_client import run_load, summarize
 
     runs = []
     for i, rate in enumerate(rates):
         label = "burst" if math.isinf(rate) else f"{rate:g}/s"
-        results, wall = asyncio.run(run_load(url, model, requests, rate, seed=seed + i, progress=progress,
-                                             desc=f"rate {label}"))
+        results, wall = asyncio.run(run_load(url, model, requests_of(specs, i + 1), rate, seed=seed + i,
+                                             progress=progress, desc=f"rate {label}"))
         summary = summarize(results, wall)
         runs.append({"rate": "inf" if math.isinf(rate) else rate, "summary": summary,
                      "server_after": engine_metrics(scrape_metrics(url))})
@@ -209,12 +233,13 @@ def _fmt(value: float | None) -> str:
 
 def run_target(args: argparse.Namespace, parser: argparse.ArgumentParser, milestone: str | None) -> dict:
     """Benchmark one target (a milestone served here, or ``args.url``) in the chosen mode; returns the result."""
-    workload, requests = load_requests(args.workload, args.workload_seed, args.max_requests,
-                                       args.num_requests if args.reliability else None, args.max_tokens)
+    workload, specs = load_requests(args.workload, args.workload_seed, args.max_requests,
+                                    args.num_requests if args.reliability else None, args.max_tokens)
     result = {"schema_version": SCHEMA_VERSION, "kind": "online", "status": "ok",
               "mode": "reliability" if args.reliability else "rates",
               "milestone": None, "url": args.url, "model": args.model, "workload": workload,
-              "max_tokens_cap": args.max_tokens, "engine_config": None, "offline_reference": None}
+              "max_tokens_cap": args.max_tokens, "prompt_variants": VARIANTS_NOTE, "engine_config": None,
+              "offline_reference": None}
     server = engine = None
     try:
         if milestone is not None:
@@ -227,9 +252,9 @@ def run_target(args: argparse.Namespace, parser: argparse.ArgumentParser, milest
             result.update(milestone=engine.milestone, engine_config=dataclasses.asdict(engine.config),
                           env=environment(engine.device), max_model_len=engine.max_model_len)
             print(f"{engine.milestone}: {args.model!r} on {engine.device} ({engine.dtype}), "
-                  f"{len(requests)} requests from {args.workload!r}", flush=True)
+                  f"{len(specs)} requests from {args.workload!r}", flush=True)
             if args.offline_reference and not args.reliability:
-                result["offline_reference"] = offline_reference(engine, requests)
+                result["offline_reference"] = offline_reference(engine, requests_of(specs, 0))
                 print(f"offline generate: {_fmt(result['offline_reference']['output_tokens_per_s'])} output tok/s",
                       flush=True)
             server = ServerThread(build_app(engine, served_model_name=args.model), graceful_shutdown_s=5.0).start()
@@ -239,10 +264,10 @@ def run_target(args: argparse.Namespace, parser: argparse.ArgumentParser, milest
             url, model = args.url.rstrip("/"), args.served_model_name or _first_model(args.url)
         asyncio.run(_warm_up(url, model))
         if args.reliability:
-            result["reliability"] = reliability_run(url, model, requests, args.disconnect_fraction, args.load_seed,
-                                                    not args.no_progress)
+            result["reliability"] = reliability_run(url, model, requests_of(specs, 0), args.disconnect_fraction,
+                                                    args.load_seed, not args.no_progress)
         else:
-            result["runs"] = rate_runs(url, model, requests, args.rates, args.load_seed, not args.no_progress)
+            result["runs"] = rate_runs(url, model, specs, args.rates, args.load_seed, not args.no_progress)
             burst = [r for r in result["runs"] if r["rate"] == "inf"]
             if burst and result["offline_reference"]:
                 result["burst_vs_offline"] = (burst[0]["summary"]["output_tokens_per_s"]

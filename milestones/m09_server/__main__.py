@@ -50,8 +50,9 @@ def demo(argv: list[str], milestone: str) -> list[dict]:
 
     package = importlib.import_module(milestone)
     fields = {f.name for f in dataclasses.fields(package.EngineConfig)}
-    knobs = {k: v for k, v in {"max_num_seqs": args.max_num_seqs, "max_model_len": args.max_model_len}.items()
-             if k in fields}
+    # Prefix caching off (where the engine has it): the server would find the offline run's prompts in the cache.
+    knobs = {k: v for k, v in {"max_num_seqs": args.max_num_seqs, "max_model_len": args.max_model_len,
+                               "enable_prefix_caching": False}.items() if k in fields}
     engine = package.LLMEngine(package.EngineConfig(model=args.model, device=args.device, dtype=args.dtype,
                                                     seed=args.seed, **knobs))
     print(f"model {args.model!r} on {engine.device} in {engine.dtype}; engine {engine.milestone}")
