@@ -56,6 +56,8 @@ def demo(argv: list[str], milestone: str) -> list[dict]:
     engine = package.LLMEngine(package.EngineConfig(model=args.model, device=args.device, dtype=args.dtype,
                                                     seed=args.seed, **knobs))
     print(f"model {args.model!r} on {engine.device} in {engine.dtype}; engine {engine.milestone}")
+    if "enable_prefix_caching" in knobs:
+        print("prefix caching off: the server gets the same prompts as the offline run and would find them cached")
     prompts = random_prompts(engine.vocab_size, args.num_requests, args.prompt_len, args.prompt_len, args.seed)
     params = package.SamplingParams(max_tokens=args.max_tokens, ignore_eos=True)
 
