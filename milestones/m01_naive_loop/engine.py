@@ -151,10 +151,14 @@ class LLMEngine:
             prompt=request.prompt,
             prompt_token_ids=request.prompt_token_ids,
             token_ids=list(request.output_token_ids),
-            text=self.tokenizer.decode(request.output_token_ids, skip_special_tokens=True),
+            text=self.output_text(request),
             finish_reason=request.finish_reason,
             metrics=request.metrics,
         )
+
+    def output_text(self, request: Request) -> str:
+        """The output decoded to text (m09's server decodes incrementally itself and skips this while running)."""
+        return self.tokenizer.decode(request.output_token_ids, skip_special_tokens=True)
 
     # ------------------------------------------------------------------ helpers
 
