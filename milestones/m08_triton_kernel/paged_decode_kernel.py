@@ -111,7 +111,7 @@ def _paged_decode_kernel(
     num_heads = tl.num_programs(1) * GROUP
 
     # The keys this program reads: [start, end). A table holds max_blocks pages, so clamp to what it can address.
-    context_len = tl.minimum(tl.load(context_lens_ptr + seq), max_blocks * BLOCK_SIZE)
+    context_len = tl.minimum(tl.load(context_lens_ptr + seq).to(tl.int32), max_blocks * BLOCK_SIZE)  # lengths may come as int64
     if SPLIT:
         # Every sequence is cut into num_splits slices of whole tiles, sized by its own length.
         split_len = tl.cdiv(tl.cdiv(context_len, num_splits), TILE) * TILE
