@@ -168,116 +168,145 @@ def run_comparison(members: Sequence[Member], workload: Workload, repeats: int =
                    on_progress: Callable[[list[dict]], None] | None = None,
                    log: Callable[[str], None] | None = print) -> list[dict]:
     """Build every member once (or once per run if they cannot share the GPU), warm each up, then run
-    ``repeats`` rounds of one timed run per member, in member order. Returns one result per member."""
+    ``repeats`` rounds of one timed run per member, in member order. Returns one result per member.
+
+    ``on_progress`` gets the results so far after every timed run (the suite rewrites ``suite.json`` with
+    them); ``time_limit_s`` bounds the whole comparison."""
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
-    log = log or (lambda _msg: None)
-    members = list(members)
-    labels = [m.label for m in members]
-    info = {"id": f"{workload.name}:{'/'.join(labels)}", "members": labels, "reference": labels[0],
-            "workload": workload.name, "repeats_planned": repeats, "ratio_metrics": list(ratio_metrics),
-            "order": "one timed run per member per round, in member order", "residency": None}
-    results = [new_result(member_result_name(m, workload), m.engine, workload, model, device, dtype)
-               for m in members]
-    for result, label in zip(results, labels):
-        result["comparison"] = {**info, "label": label}
-    runs: list[list[dict]] = [[] for _ in members]
-    runners: dict[int, Runner] = {}
-    active: list[int] = []
-    rebuilt: set[str] = set()  # members built again before every run (a prefix cache they cannot reset)
-    began = time.perf_counter()
+    comparison = _Comparison(list(members), workload, repeats, dict(model=model, device=device, dtype=dtype,
+                                                                   seed=seed), list(ratio_metrics), use_tqdm,
+                             on_progress, log or (lambda _msg: None))
+    return comparison.run(time_limit_s)
 
-    def build(i: int) -> Runner:
-        m = members[i]
+
+class _Comparison:
+    """The state of one comparison while it runs: results, timed runs so far, built runners, live members."""
+
+    def __init__(self, members: list[Member], workload: Workload, repeats: int, engine_kwargs: dict,
+                 ratio_metrics: list[str], use_tqdm: bool, on_progress, log) -> None:
+        self.members, self.workload, self.repeats = members, workload, repeats
+        self.engine_kwargs, self.use_tqdm, self.on_progress, self.log = engine_kwargs, use_tqdm, on_progress, log
+        self.labels = [m.label for m in members]
+        self.id = f"{workload.name}:{'/'.join(self.labels)}"
+        info = {"id": self.id, "members": self.labels, "reference": self.labels[0], "workload": workload.name,
+                "repeats_planned": repeats, "ratio_metrics": ratio_metrics,
+                "order": "one timed run per member per round, in member order", "residency": None}
+        self.results = [new_result(member_result_name(m, workload), m.engine, workload, engine_kwargs["model"],
+                                   engine_kwargs["device"], engine_kwargs["dtype"]) for m in members]
+        for result, label in zip(self.results, self.labels):
+            result["comparison"] = {**info, "label": label}
+        self.runs: list[list[dict]] = [[] for _ in members]  # the timed runs of each member so far
+        self.runners: dict[int, Runner] = {}  # built runners, by member index
+        self.active: list[int] = []  # members still in the comparison
+        self.rebuilt: set[str] = set()  # members built again before every run (a cache they cannot reset)
+        self.together = True
+
+    def run(self, time_limit_s: float | None) -> list[dict]:
+        began = time.perf_counter()
+        try:
+            with time_limit(time_limit_s):
+                self._admit()
+                if self.together:
+                    for i in list(self.active):
+                        self._guarded(i, lambda i=i: self._build_and_keep(i))
+                for round_ in range(self.repeats):
+                    for i in list(self.active):
+                        if self._guarded(i, lambda i=i: self._timed_run(i)):
+                            self._progress(i, round_)
+                for i in self.active:
+                    self.results[i]["status"] = "ok"
+        except BenchmarkTimeout as error:
+            for i in self.active:
+                record_failure(self.results[i], error)
+                self.results[i]["error"] += f" after {len(self.runs[i])} of {self.repeats} timed runs"
+        finally:
+            for runner in self.runners.values():
+                with contextlib.suppress(Exception):
+                    runner.close()
+            self.runners.clear()
+            free_memory()
+        total = time.perf_counter() - began
+        for i, result in enumerate(self.results):
+            aggregate(result, self.runs[i])
+            result["total_time_s"] = total
+            result["comparison"]["rebuilt_before_each_run"] = self.labels[i] in self.rebuilt
+        return [jsonable(r) for r in self.results]
+
+    def _admit(self) -> None:
+        """Keep the members that can run the workload (at least two, or none), and decide on residency."""
+        model = self.engine_kwargs["model"]
+        for i, m in enumerate(self.members):
+            try:
+                reason = cannot_run(m.engine, self.workload, model)
+            except BenchmarkTimeout:
+                raise
+            except Exception as error:  # noqa: BLE001 - an unknown or broken engine: record it, go on
+                record_failure(self.results[i], error)
+                continue
+            if reason is not None:
+                self.results[i].update(status="skipped", error=reason)
+            else:
+                self.active.append(i)
+        if len(self.members) > 1 and len(self.active) == 1:  # nothing left to compare with: spend no time
+            i = self.active.pop()
+            self.results[i].update(status="skipped", error="no other engine of the comparison can run "
+                                                           f"{self.workload.name}: nothing to compare it with")
+        plan = plan_residency([self.members[i] for i in self.active], self.workload, model,
+                              self.engine_kwargs["device"], self.engine_kwargs["dtype"])
+        for result in self.results:
+            result["comparison"].update(residency=plan["residency"], residency_reason=plan["reason"])
+        self.together = plan["residency"] == "together"
+        self.log(f"[{self.id}] {self.repeats} rounds; engines {plan['residency']} ({plan['reason']})")
+
+    def _build(self, i: int) -> Runner:
         free_memory()
-        return build_runner(m.engine, workload, results[i], model=model, device=device, dtype=dtype, seed=seed,
-                            overrides=dict(m.overrides) or None, kv_tokens=kv_tokens_needed(workload))
+        m = self.members[i]
+        return build_runner(m.engine, self.workload, self.results[i], **self.engine_kwargs,
+                            overrides=dict(m.overrides) or None, kv_tokens=kv_tokens_needed(self.workload))
 
-    def drop(i: int, error: BaseException) -> None:
-        record_failure(results[i], error)
-        log(f"[{results[i]['name']}] {results[i]['status']}: {results[i]['error']}")
-        active.remove(i)
-        runner = runners.pop(i, None)
-        if runner is not None:
-            with contextlib.suppress(Exception):
+    def _build_and_keep(self, i: int) -> None:
+        self.runners[i] = self._build(i)
+
+    def _timed_run(self, i: int) -> None:
+        """One timed run of member ``i``, from the same state as its other runs."""
+        if not self.together:
+            runner = self._build(i)
+            try:
+                self.runs[i].append(measure(runner, self.workload, self.use_tqdm))
+            finally:
                 runner.close()
+                free_memory()
+            return
+        if self.runs[i] and not self.runners[i].reset():
+            self.runners.pop(i).close()  # what the last run left would help this one: start afresh
+            self.runners[i] = self._build(i)
+            self.rebuilt.add(self.labels[i])
+        self.runs[i].append(measure(self.runners[i], self.workload, self.use_tqdm))
 
-    def report_progress() -> None:
-        if on_progress is not None:
-            for i, result in enumerate(results):
-                aggregate(result, runs[i])
-            on_progress([jsonable(r) for r in results])
+    def _guarded(self, i: int, step: Callable[[], None]) -> bool:
+        """Run ``step`` for member ``i``; if it fails (other than by the clock), the member leaves the
+        comparison with its error recorded, and False is returned."""
+        try:
+            step()
+            return True
+        except BenchmarkTimeout:
+            raise
+        except Exception as error:  # noqa: BLE001 - this member fails; the others go on
+            record_failure(self.results[i], error)
+            self.log(f"[{self.results[i]['name']}] {self.results[i]['status']}: {self.results[i]['error']}")
+            self.active.remove(i)
+            runner = self.runners.pop(i, None)
+            if runner is not None:
+                with contextlib.suppress(Exception):
+                    runner.close()
+            return False
 
-    try:
-        with time_limit(time_limit_s):
-            for i, m in enumerate(members):
-                try:
-                    reason = cannot_run(m.engine, workload, model)
-                except BenchmarkTimeout:
-                    raise
-                except Exception as error:  # noqa: BLE001 - an unknown or broken engine: record it, go on
-                    record_failure(results[i], error)
-                    continue
-                if reason is not None:
-                    results[i].update(status="skipped", error=reason)
-                else:
-                    active.append(i)
-            if len(members) > 1 and len(active) == 1:  # nothing left to compare with: do not spend the time
-                i = active.pop()
-                results[i].update(status="skipped", error="no other engine of the comparison can run "
-                                                          f"{workload.name}: nothing to compare it with")
-            plan = plan_residency([members[i] for i in active], workload, model, device, dtype)
-            for result in results:
-                result["comparison"].update(residency=plan["residency"], residency_reason=plan["reason"])
-            log(f"[{info['id']}] {repeats} rounds; engines {plan['residency']} ({plan['reason']})")
-            together = plan["residency"] == "together"
-            if together:
-                for i in list(active):
-                    try:
-                        runners[i] = build(i)
-                    except BenchmarkTimeout:
-                        raise
-                    except Exception as error:  # noqa: BLE001 - this member fails; the others go on
-                        drop(i, error)
-            for round_ in range(repeats):
-                for i in list(active):
-                    try:
-                        if together and round_ > 0 and not runners[i].reset():
-                            runners.pop(i).close()  # state from the last run would help this one: start afresh
-                            runners[i] = build(i)
-                            rebuilt.add(labels[i])
-                        runner = runners[i] if together else build(i)
-                        try:
-                            runs[i].append(measure(runner, workload, use_tqdm))
-                        finally:
-                            if not together:
-                                runner.close()
-                                free_memory()
-                    except BenchmarkTimeout:
-                        raise
-                    except Exception as error:  # noqa: BLE001
-                        drop(i, error)
-                        continue
-                    last = runs[i][-1]["metrics"]
-                    log(f"[{results[i]['name']}] round {round_ + 1}/{repeats}: {last['wall_time_s']:.2f} s"
-                        + (f", {last['output_tokens_per_s']:.1f} out tok/s" if last.get("output_tokens_per_s")
-                           else ""))
-                    report_progress()
-            for i in active:
-                results[i]["status"] = "ok"
-    except BenchmarkTimeout as error:
-        for i in active:
-            record_failure(results[i], error)
-            results[i]["error"] += f" after {len(runs[i])} of {repeats} timed runs"
-    finally:
-        for runner in runners.values():
-            with contextlib.suppress(Exception):
-                runner.close()
-        runners.clear()
-        free_memory()
-    total = time.perf_counter() - began
-    for i, result in enumerate(results):
-        aggregate(result, runs[i])
-        result["total_time_s"] = total
-        result["comparison"]["rebuilt_before_each_run"] = labels[i] in rebuilt
-    return [jsonable(r) for r in results]
+    def _progress(self, i: int, round_: int) -> None:
+        last = self.runs[i][-1]["metrics"]
+        self.log(f"[{self.results[i]['name']}] round {round_ + 1}/{self.repeats}: {last['wall_time_s']:.2f} s"
+                 + (f", {last['output_tokens_per_s']:.1f} out tok/s" if last.get("output_tokens_per_s") else ""))
+        if self.on_progress is not None:
+            for k, result in enumerate(self.results):
+                aggregate(result, self.runs[k])
+            self.on_progress([jsonable(r) for r in self.results])

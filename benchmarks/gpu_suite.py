@@ -252,7 +252,8 @@ def describe(entry: Entry) -> str:
     if isinstance(entry, Compare):
         return (f"{'/'.join(m.label for m in entry.members)}:{entry.workload} x{entry.repeats}"
                 + (f"[:{entry.max_requests}]" if entry.max_requests else ""))
-    return f"gate {'/'.join(entry.engines)} on {', '.join(entry.workloads)}"
+    labels = [e if isinstance(e, str) else e.label for e in entry.engines]
+    return f"gate {'/'.join(labels)} on {', '.join(entry.workloads)}"
 
 
 def run_suite(set_names: list[str], budget_s: float, model: str, device: str, dtype: str, out: Path,

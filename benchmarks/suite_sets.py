@@ -84,11 +84,12 @@ class Compare:
 
 @dataclass(frozen=True)
 class Gate:
-    engines: tuple[str, ...]
+    engines: tuple[str | Member, ...]
     workloads: tuple[str, ...]
 
     def gate_items(self) -> list[GateItem]:
-        return [GateItem(e, w) for e in self.engines for w in self.workloads]
+        members = [e if isinstance(e, Member) else Member(e) for e in self.engines]
+        return [GateItem(m.engine, w, m.overrides, m.tag) for m in members for w in self.workloads]
 
 
 Entry = Run | Compare | Gate
@@ -185,6 +186,14 @@ SETS: dict[str, list[Entry]] = {
     "m06-m07-chunked": [  # m07 at its default budget (8,192 tokens a step) against m06's whole prefills
         Compare(("m06", "m07"), "chunked", run_s=10),
         Compare(("m06", "m07"), "chunked-long", run_s=15),
+    ],
+    # ---- issue 11 (m10): guesses until measured; m10 captures its CUDA graphs when built (build_s). The gate
+    # checks m10 with graphs and, here, without (enforce_eager) too.
+    "m09-m10": [
+        Gate((Member("m10", (("enforce_eager", True),), "eager"),), ("offline", "nanovllm")),
+        Compare(("m09", "m10"), "offline", run_s=(12, 5), build_s=20),
+        Compare(("m09", "m10"), "nanovllm", run_s=(40, 15), build_s=20),
+        Compare(("m09", "m10"), "memory-bound", run_s=(25, 12), build_s=20),
     ],
     "m07-budgets": [
         Compare(budgets("m07", (None, 2048, 512, 256)), "chunked", run_s=10),
