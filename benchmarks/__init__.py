@@ -1,5 +1,6 @@
-"""The measuring instrument: named workloads, a harness that runs any milestone (or a transformers baseline) on
-them, and one-call GPU suites. See ``docs/benchmarks.md``.
+"""The measuring instrument: named workloads, runners for every milestone and for transformers baselines, a
+harness that times one run, interleaved comparisons, a float32 correctness gate, and one-call GPU suites.
+See ``docs/benchmarks.md``.
 
 From Python::
 
@@ -10,7 +11,8 @@ From Python::
 From a shell: ``python -m benchmarks.run --milestone m02 --workload single --model tiny --device cpu``.
 """
 
+from .compare import Member, run_comparison
 from .harness import run_benchmark, run_many, save_result
 from .workloads import WORKLOADS, get_workload
 
-__all__ = ["WORKLOADS", "get_workload", "run_benchmark", "run_many", "save_result"]
+__all__ = ["WORKLOADS", "Member", "get_workload", "run_benchmark", "run_comparison", "run_many", "save_result"]

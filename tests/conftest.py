@@ -1,11 +1,37 @@
 """Shared fixtures: a tiny random Qwen3 built by transformers (fp32, CPU), saved as a checkpoint our engine loads.
 
-The reference for every correctness test is transformers' own ``generate`` on the very same weights.
+The reference for every correctness test is transformers' own ``generate`` on the very same weights. A reference
+is only worth comparing against if a bug would change it, so the test models are built to be sensitive:
+
+* **every norm weight is random** (input, post-attention, final, ``q_norm``, ``k_norm``; each layer and each norm
+  its own draw in [0.5, 1.5]): an RMSNorm that ignores its weight, or q_norm and k_norm swapped, changes the tokens.
+  transformers initialises them all to 1.0, where both bugs are invisible.
+* **matrices are drawn with std 0.3**, not transformers' 0.02: with 0.02 a tied model's residual stream stays close
+  to the input embedding, so greedy decoding repeats the last prompt token, and two engines that both repeat it
+  agree whatever their attention does. With 0.3 the continuations vary.
+* **the reference fixtures check themselves** (``assert_reference_is_informative``): varied tokens, not the last
+  prompt token over and over, different outputs for different prompts, and a clear top-1 logit at every greedy
+  step (so exact equality in fp32 never hangs on a near-tie). A change that makes the models degenerate again fails
+  loudly at fixture setup instead of quietly weakening every test.
+
+Mutation checks: ``python tests/mutation_check.py`` reintroduces known bugs (RMSNorm ignoring its weight, q/k norm
+swapped, RoPE positions off by one, FCFS overtaking) in a scratch copy of the repository and lists the tests that
+catch each one.
 """
 
 from __future__ import annotations
 
+import os
+
+import torch
+
+if not torch.cuda.is_available():  # m08's Triton kernels then run in Triton's interpreter, which must be chosen
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before anything (transformers included) imports triton
+
 import random
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -13,6 +39,9 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 
 VOCAB = 512
 EOS = 3  # an id the random model can emit; tests that want fixed lengths pass ignore_eos
+INIT_STD = 0.3  # std of every matrix and the embedding (transformers' default is 0.02: see the module docstring)
+NORM_WEIGHT_RANGE = (0.5, 1.5)  # every RMSNorm weight element is drawn uniformly from this range
+MIN_LOGIT_GAP = 1e-4  # a reference's top-1 logit must beat the runner-up by this much at every greedy step
 
 
 def tiny_hf_config(tie_word_embeddings: bool = True) -> Qwen3Config:
@@ -20,13 +49,35 @@ def tiny_hf_config(tie_word_embeddings: bool = True) -> Qwen3Config:
         vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
         rope_theta=10000.0, rms_norm_eps=1e-6, tie_word_embeddings=tie_word_embeddings,
-        bos_token_id=1, eos_token_id=EOS, pad_token_id=0,
+        bos_token_id=1, eos_token_id=EOS, pad_token_id=0, initializer_range=INIT_STD,
     )
 
 
-def save_tiny_checkpoint(directory, tie_word_embeddings: bool = True, seed: int = 0, max_shard_size=None):
+def norm_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Every RMSNorm weight by name: per layer ``input_layernorm``, ``post_attention_layernorm``,
+    ``self_attn.q_norm``, ``self_attn.k_norm``, and the final ``model.norm``."""
+    return {name: p for name, p in model.named_parameters() if name.endswith("norm.weight")}
+
+
+def randomize_norm_weights(model: torch.nn.Module, seed: int) -> None:
+    """Draw every norm weight from ``NORM_WEIGHT_RANGE``, independently per element, norm and layer."""
+    generator = torch.Generator().manual_seed(seed)
+    low, high = NORM_WEIGHT_RANGE
+    with torch.no_grad():
+        for weight in norm_weights(model).values():
+            weight.copy_(low + (high - low) * torch.rand(weight.shape, generator=generator))
+
+
+def build_tiny_model(tie_word_embeddings: bool = True, seed: int = 0) -> Qwen3ForCausalLM:
+    """The tiny random Qwen3 every correctness test runs: std-0.3 matrices, random norm weights, eval mode."""
     torch.manual_seed(seed)
     model = Qwen3ForCausalLM(tiny_hf_config(tie_word_embeddings)).eval()
+    randomize_norm_weights(model, seed)
+    return model
+
+
+def save_tiny_checkpoint(directory, tie_word_embeddings: bool = True, seed: int = 0, max_shard_size=None):
+    model = build_tiny_model(tie_word_embeddings, seed)
     kwargs = {} if max_shard_size is None else {"max_shard_size": max_shard_size}
     model.save_pretrained(directory, **kwargs)
     return model
@@ -40,20 +91,87 @@ def tiny_checkpoint(request, tmp_path_factory):
     return directory, model
 
 
-def hf_greedy(model, prompt_ids: list[int], max_new_tokens: int, ignore_eos: bool = True) -> list[int]:
-    """transformers' greedy ``generate`` for one unpadded prompt: the ground truth."""
+def hf_greedy_with_gaps(model, prompt_ids: list[int], max_new_tokens: int,
+                        ignore_eos: bool = True) -> tuple[list[int], list[float]]:
+    """transformers' greedy tokens for one unpadded prompt, and at each step the top-1 minus top-2 logit."""
     with torch.no_grad():
         out = model.generate(
             torch.tensor([prompt_ids]), attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long),
             max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=0,
-            eos_token_id=None if ignore_eos else EOS,
+            eos_token_id=None if ignore_eos else EOS, output_scores=True, return_dict_in_generate=True,
         )
-    return out[0, len(prompt_ids):].tolist()
+    gaps = [float(top[0] - top[1]) for top in (scores[0].float().topk(2).values for scores in out.scores)]
+    return out.sequences[0, len(prompt_ids):].tolist(), gaps
+
+
+def hf_greedy(model, prompt_ids: list[int], max_new_tokens: int, ignore_eos: bool = True) -> list[int]:
+    """transformers' greedy ``generate`` for one unpadded prompt: the ground truth."""
+    return hf_greedy_with_gaps(model, prompt_ids, max_new_tokens, ignore_eos)[0]
+
+
+def reference_problems(prompts: list[list[int]], outputs: list[list[int]], gaps: list[float]) -> list[str]:
+    """Why a greedy reference would make a weak test; empty when it is fine (``assert_reference_is_informative``)."""
+    problems = []
+    for i, (prompt, tokens) in enumerate(zip(prompts, outputs)):
+        counts = Counter(tokens)
+        if len(counts) < max(2, len(tokens) // 3):
+            problems.append(f"output {i} has only {len(counts)} distinct tokens in {len(tokens)}: {tokens}")
+        if counts.most_common(1)[0][1] > len(tokens) // 2:
+            problems.append(f"output {i} is mostly one token: {tokens}")
+        if counts[prompt[-1]] > len(tokens) // 4:
+            problems.append(f"output {i} repeats its last prompt token {prompt[-1]}: {tokens}")
+    if len({tuple(tokens) for tokens in outputs}) < len(outputs):
+        problems.append("different prompts gave the same output")
+    if gaps and min(gaps) < MIN_LOGIT_GAP:
+        problems.append(f"a greedy step is a near-tie (top-1 minus top-2 logit {min(gaps):.1e} < {MIN_LOGIT_GAP:.0e})")
+    return problems
+
+
+def assert_reference_is_informative(prompts: list[list[int]], outputs: list[list[int]], gaps: list[float]) -> None:
+    """Refuse a reference that a broken engine could match by luck.
+
+    Each output must have several distinct tokens, not be mostly one token, and not keep repeating its prompt's last
+    token (what a model whose residual stream is just the input embedding does); different prompts must give
+    different outputs; and no greedy step may be a near-tie, so that exact fp32 equality stays robust.
+    """
+    problems = reference_problems(prompts, outputs, gaps)
+    assert not problems, "the test model's greedy reference is degenerate:\n  " + "\n  ".join(problems)
+
+
+def greedy_reference(model, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+    """transformers' greedy tokens (EOS ignored) for each prompt, checked by ``assert_reference_is_informative``."""
+    results = [hf_greedy_with_gaps(model, prompt, max_new_tokens) for prompt in prompts]
+    outputs = [tokens for tokens, _ in results]
+    assert_reference_is_informative(prompts, outputs, [gap for _, gaps in results for gap in gaps])
+    return outputs
 
 
 def random_prompts(n: int, min_len: int, max_len: int, seed: int = 0) -> list[list[int]]:
     rng = random.Random(seed)
     return [[rng.randrange(4, VOCAB) for _ in range(rng.randint(min_len, max_len))] for _ in range(n)]
+
+
+@contextmanager
+def recorded_model_inputs(engine) -> Iterator[list[tuple[torch.Tensor, torch.Tensor]]]:
+    """Record ``(input_ids, positions)`` of every forward pass ``engine.model`` runs inside the ``with`` block.
+
+    Token equality cannot see every position bug: RoPE depends only on the distance between a query and a key, so a
+    row whose positions are ALL shifted by one gives the same tokens (until the shift runs past the RoPE table).
+    Tests that check the positions themselves use this.
+    """
+    calls: list[tuple[torch.Tensor, torch.Tensor]] = []
+    model = engine.model
+    original = model.forward
+
+    def forward(input_ids, positions, attention):
+        calls.append((input_ids.detach().clone(), positions.detach().clone()))
+        return original(input_ids, positions, attention)
+
+    model.forward = forward  # an instance attribute: nn.Module.__call__ finds it before the class's forward
+    try:
+        yield calls
+    finally:
+        del model.forward
 
 
 # --------------------------------------------------------------------------- shared by the m01/m02 engine tests
@@ -124,7 +242,7 @@ def m02_engine(tiny_checkpoint, engine_factory):
 def hf_reference(tiny_checkpoint):
     """transformers' greedy tokens (``GREEDY_MAX_TOKENS``, EOS ignored) for each of ``mixed_length_prompts()``."""
     _, model = tiny_checkpoint
-    return [hf_greedy(model, prompt, GREEDY_MAX_TOKENS) for prompt in mixed_length_prompts()]
+    return greedy_reference(model, mixed_length_prompts(), GREEDY_MAX_TOKENS)
 
 
 @pytest.fixture(scope="session")
@@ -136,16 +254,16 @@ def tied_checkpoint(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def wide_tied_checkpoint(tmp_path_factory):
-    """Tied embeddings, weights drawn with std 0.3 instead of transformers' 0.02.
+    """A second tied checkpoint (another seed), for tests that compare two tied models' worth of tokens.
 
-    With std 0.02 a tied tiny model's residual stream stays close to the input embedding, so greedy decoding
-    mostly repeats the last prompt token, and a greedy comparison on it says little about attention. Wider
-    weights make it produce varied tokens.
+    It was once the only tied model whose greedy tokens varied (the others used transformers' std 0.02); every
+    test model is built that way now, so this one just adds a different draw of the same recipe.
     """
     directory = tmp_path_factory.mktemp("wide-tied")
-    config = tiny_hf_config(tie_word_embeddings=True)
-    config.initializer_range = 0.3
-    torch.manual_seed(0)
-    model = Qwen3ForCausalLM(config).eval()
-    model.save_pretrained(directory)
-    return directory, model
+    return directory, save_tiny_checkpoint(directory, tie_word_embeddings=True, seed=1)
+
+
+@pytest.fixture(scope="session")
+def wide_tied_reference(wide_tied_checkpoint):
+    """transformers' greedy tokens on ``wide_tied_checkpoint`` for each of ``mixed_length_prompts()``."""
+    return greedy_reference(wide_tied_checkpoint[1], mixed_length_prompts(), GREEDY_MAX_TOKENS)

@@ -8,7 +8,8 @@ import json
 import shutil
 
 import pytest
-from conftest import EOS, GREEDY_MAX_TOKENS, PROMPT_LENGTHS, hf_greedy, mixed_length_prompts
+from conftest import (EOS, GREEDY_MAX_TOKENS, PROMPT_LENGTHS, assert_reference_is_informative, hf_greedy,
+                      mixed_length_prompts)
 
 from milestones.m01_naive_loop import SamplingParams
 
@@ -34,23 +35,32 @@ def test_greedy_matches_transformers(m01_engine, hf_reference):
         assert output.text == m01_engine.tokenizer.decode(expected, skip_special_tokens=True)
 
 
-def test_reference_is_not_degenerate(tiny_checkpoint, hf_reference):
-    """Guard against a vacuous comparison: the untied model produces varied tokens. (The tied one, with
-    transformers' std 0.02 init, mostly repeats the last prompt token; ``wide_tied_checkpoint`` covers tied.)"""
-    if tiny_checkpoint[1].config.tie_word_embeddings:
-        assert hf_reference[0] == [hf_reference[0][0]] * GREEDY_MAX_TOKENS  # documents why the wide one exists
-        return
+def test_reference_is_informative(tiny_checkpoint, hf_reference):
+    """The fixture already refused a degenerate reference; here, in plain sight, what it guarantees."""
+    prompts = mixed_length_prompts()
     assert len({tuple(tokens) for tokens in hf_reference}) == len(hf_reference)
     assert len({t for tokens in hf_reference for t in tokens}) > 40
+    assert all(tokens.count(prompt[-1]) <= 1 for prompt, tokens in zip(prompts, hf_reference))
 
 
-def test_greedy_matches_transformers_wide_tied(wide_tied_checkpoint, engine_factory):
-    directory, model = wide_tied_checkpoint
+def test_degenerate_references_are_refused():
+    """The guard can fail: what transformers' std-0.02 init gave the tied model (the last prompt token forever)."""
     prompts = mixed_length_prompts()
-    expected = [hf_greedy(model, prompt, GREEDY_MAX_TOKENS) for prompt in prompts]
-    assert len({t for tokens in expected for t in tokens}) > 40  # varied, unlike the std-0.02 tied model
-    outputs = engine_factory("m01_naive_loop", directory).generate(prompts, GREEDY, use_tqdm=False)
-    assert [o.token_ids for o in outputs] == expected
+    repeats_last = [[p[-1]] * GREEDY_MAX_TOKENS for p in prompts]
+    one_token = [[7, 8] + [9] * (GREEDY_MAX_TOKENS - 2) for _ in prompts]
+    varied = [[(7 * i + 3 * j) % 500 + 4 for j in range(GREEDY_MAX_TOKENS)] for i in range(len(prompts))]
+    for outputs in (repeats_last, one_token, [varied[0]] + varied[:-1]):
+        with pytest.raises(AssertionError, match="degenerate"):
+            assert_reference_is_informative(prompts, outputs, gaps=[1.0])
+    with pytest.raises(AssertionError, match="near-tie"):
+        assert_reference_is_informative(prompts, varied, gaps=[1.0, 1e-6])
+    assert_reference_is_informative(prompts, varied, gaps=[1.0])  # and a varied one passes
+
+
+def test_greedy_matches_transformers_second_tied_model(wide_tied_checkpoint, wide_tied_reference, engine_factory):
+    outputs = engine_factory("m01_naive_loop", wide_tied_checkpoint[0]).generate(
+        mixed_length_prompts(), GREEDY, use_tqdm=False)
+    assert [o.token_ids for o in outputs] == wide_tied_reference
 
 
 def test_outputs_follow_prompt_order(m01_engine, hf_reference):

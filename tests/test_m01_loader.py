@@ -10,7 +10,7 @@ import shutil
 
 import pytest
 import torch
-from conftest import VOCAB, save_tiny_checkpoint
+from conftest import NORM_WEIGHT_RANGE, VOCAB, norm_weights, save_tiny_checkpoint
 from safetensors.torch import load_file, save_file
 
 from milestones.m01_naive_loop import loader
@@ -93,6 +93,21 @@ def test_logits_depend_on_the_checkpoint(tiny_checkpoint, tmp_path):
     ids = batch_ids()
     ours = our_logits(load(tiny_checkpoint[0]).model, ids)
     assert (ours - hf_logits(other, ids)).abs().max() > 1e-3
+
+
+def test_test_models_have_random_norm_weights(tiny_checkpoint):
+    """Norm weights of 1.0 would hide an RMSNorm that ignores its weight, or q_norm and k_norm swapped."""
+    directory, hf_model = tiny_checkpoint
+    weights = norm_weights(hf_model)
+    layers = hf_model.config.num_hidden_layers
+    assert len(weights) == 4 * layers + 1  # input, post-attention, q_norm, k_norm per layer; the final norm
+    low, high = NORM_WEIGHT_RANGE
+    for name, weight in weights.items():
+        assert low <= weight.min() and weight.max() <= high, name
+        assert weight.std() > 0.1, f"{name} is nearly constant"
+    per_head = [w for name, w in weights.items() if name.endswith(("q_norm.weight", "k_norm.weight"))]
+    assert len({tuple(w.tolist()) for w in per_head}) == len(per_head)  # every q_norm and k_norm its own draw
+    assert_same_weights(load(directory).model, hf_model)  # and the checkpoint carries them
 
 
 # --------------------------------------------------------------------------- presets

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import GREEDY_MAX_TOKENS, hf_greedy, mixed_length_prompts, random_prompts
+from conftest import GREEDY_MAX_TOKENS, hf_greedy, mixed_length_prompts, random_prompts, recorded_model_inputs
 from milestones.m01_naive_loop import SamplingParams
 from milestones.m03_static_batching.padded_batch import padded_causal_mask
 
@@ -28,6 +28,29 @@ def test_mixed_output_lengths_match_transformers_and_m02(tiny_checkpoint, engine
     for prompt, p, a, b in zip(prompts, params, m03, m02):
         assert a.token_ids == b.token_ids == hf_greedy(hf_model, prompt, p.max_tokens)
         assert a.finish_reason == "length"
+
+
+def test_every_token_gets_its_position_in_its_own_sequence(tiny_checkpoint, engine_factory):
+    """Positions fed to the model, row by row: a padded row's prompt starts at 0, its decode steps continue from its
+    own length. (A row whose positions are all off by one gives the same tokens: RoPE sees only distances.)"""
+    engine = engine_factory("m03_static_batching", tiny_checkpoint[0], max_num_seqs=4)
+    prompts = [random_prompts(1, n, n, seed=n)[0] for n in (5, 9, 1, 3)]  # row 1 is the longest: 4, 8, 6 pads
+    lengths = [4, 2, 3, 1]
+    with recorded_model_inputs(engine) as calls:
+        outputs = engine.generate(prompts, [SamplingParams(max_tokens=n, ignore_eos=True) for n in lengths],
+                                  use_tqdm=False)
+    (ids, positions), decodes = calls[0], calls[1:]
+    width = max(len(p) for p in prompts)
+    assert ids.shape == (4, width)
+    for row, prompt in enumerate(prompts):
+        assert ids[row, width - len(prompt):].tolist() == prompt
+        assert positions[row, width - len(prompt):].tolist() == list(range(len(prompt)))
+    assert len(decodes) == max(lengths) - 1
+    for step, (ids, positions) in enumerate(decodes, start=1):
+        for row, (prompt, output) in enumerate(zip(prompts, outputs)):
+            if step < lengths[row]:  # rows that already finished still run, but their tokens are never read
+                assert ids[row].tolist() == [output.token_ids[step - 1]]
+                assert positions[row].tolist() == [len(prompt) + step - 1]
 
 
 def test_padding_and_finished_rows_are_counted_as_waste(tiny_checkpoint, engine_factory):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import GREEDY_MAX_TOKENS, hf_greedy, mixed_length_prompts, random_prompts
+from conftest import GREEDY_MAX_TOKENS, hf_greedy, mixed_length_prompts, random_prompts, recorded_model_inputs
 from milestones.m01_naive_loop import SamplingParams
 
 GREEDY = SamplingParams(max_tokens=GREEDY_MAX_TOKENS, ignore_eos=True)
@@ -50,6 +50,51 @@ def test_requests_added_mid_decode(tiny_checkpoint, engine_factory):
         assert tokens[request_id] == hf_greedy(hf_model, prompts[i], lengths[i])
         assert finish.get(request_id, "length") == "length"
     assert engine.scheduler.allocator.reserved_slots == 0
+
+
+def test_no_request_overtakes_the_head_of_the_queue(tiny_checkpoint, engine_factory):
+    """FCFS under memory pressure: a small request that would fit waits behind a big head that does not."""
+    directory, hf_model = tiny_checkpoint
+    engine = engine_factory(M04, directory, max_num_seqs=4, kv_cache_tokens=64)
+    prompts = random_prompts(3, 20, 20, seed=12)
+    prompts[2] = prompts[2][:3]
+    lengths = [20, 20, 3]  # K/V slots needed: 39, 39, 5; the pool holds 64, so the second waits for the first
+    ids = [engine.add_request(p, SamplingParams(max_tokens=n, ignore_eos=True)) for p, n in zip(prompts, lengths)]
+    first_step, tokens, step = {}, {}, 0
+    while engine.has_unfinished():
+        step += 1
+        for out in engine.step():
+            first_step.setdefault(out.request_id, step)
+            tokens[out.request_id] = out.token_ids
+    assert [first_step[i] for i in ids] == [1, 21, 21]  # the small one is admitted with the big one it queued behind
+    for request_id, prompt, n in zip(ids, prompts, lengths):
+        assert tokens[request_id] == hf_greedy(hf_model, prompt, n)
+
+
+def test_every_token_gets_its_position_in_its_own_sequence(tiny_checkpoint, engine_factory):
+    """Positions fed to the model: a padded prefill row starts at 0, a decode row continues from its own length.
+    (Positions all shifted by one would give the same tokens: RoPE sees only distances.)"""
+    engine = engine_factory(M04, tiny_checkpoint[0], max_num_seqs=4, kv_cache_tokens=2048)
+    prompts = [random_prompts(1, n, n, seed=n)[0] for n in (5, 9, 1, 3)]
+    for prompt, n in zip(prompts, (4, 2, 3, 1)):
+        engine.add_request(prompt, SamplingParams(max_tokens=n, ignore_eos=True))
+    checked_prefill_rows = checked_decode_rows = 0
+    while engine.has_unfinished():
+        with recorded_model_inputs(engine) as calls:
+            outputs = engine.step()
+        ((ids, positions),) = calls
+        assert ids.shape[0] == len(outputs)  # one row per request the step touched, in the same order
+        for row, out in enumerate(outputs):
+            n = len(out.prompt_token_ids)
+            if len(out.token_ids) == 1:  # this step prefilled it
+                assert ids[row, ids.shape[1] - n:].tolist() == out.prompt_token_ids
+                assert positions[row, ids.shape[1] - n:].tolist() == list(range(n))
+                checked_prefill_rows += 1
+            else:  # it fed its previous token, at the position right after everything before it
+                assert ids[row].tolist() == [out.token_ids[-2]]
+                assert positions[row].tolist() == [n + len(out.token_ids) - 2]
+                checked_decode_rows += 1
+    assert (checked_prefill_rows, checked_decode_rows) == (4, 3 + 1 + 2 + 0)
 
 
 def test_step_outputs_carry_the_new_token(tiny_checkpoint, engine_factory):

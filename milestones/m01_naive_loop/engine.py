@@ -106,7 +106,11 @@ class LLMEngine:
 
     def sample_and_append(self, last_hidden: torch.Tensor, requests: list[Request]) -> None:
         """LM head on one hidden row per request, sample, and append each token (which may finish it)."""
-        tokens = self.sampler(self.model.compute_logits(last_hidden), requests)
+        self.sample_logits_and_append(self.model.compute_logits(last_hidden), requests)
+
+    def sample_logits_and_append(self, logits: torch.Tensor, requests: list[Request]) -> None:
+        """Sample one token per row of ``logits`` and append it to its request."""
+        tokens = self.sampler(logits, requests)
         now = time.perf_counter()
         for request, token in zip(requests, tokens):
             request.append_token(token, now)
@@ -147,10 +151,14 @@ class LLMEngine:
             prompt=request.prompt,
             prompt_token_ids=request.prompt_token_ids,
             token_ids=list(request.output_token_ids),
-            text=self.tokenizer.decode(request.output_token_ids, skip_special_tokens=True),
+            text=self.output_text(request),
             finish_reason=request.finish_reason,
             metrics=request.metrics,
         )
+
+    def output_text(self, request: Request) -> str:
+        """The output decoded to text (m09's server decodes incrementally itself and skips this while running)."""
+        return self.tokenizer.decode(request.output_token_ids, skip_special_tokens=True)
 
     # ------------------------------------------------------------------ helpers
 

@@ -17,6 +17,7 @@ sampler and the outputs are m04's, unchanged.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -35,12 +36,28 @@ logger = logging.getLogger(__name__)
 GiB = 2**30
 
 
-class StepBatch:
-    """One step's packed inputs: token ids ``[T]``, the attention metadata, and which rows to sample from."""
+@dataclass
+class HostBatch:
+    """One step's packed inputs on the host: built from the scheduler's output, before any device copy."""
 
-    def __init__(self, input_ids: torch.Tensor, metadata: AttentionMetadata, sample_rows: torch.Tensor,
-                 sampling: list[Sequence]) -> None:
-        self.input_ids, self.metadata, self.sample_rows, self.sampling = input_ids, metadata, sample_rows, sampling
+    input_ids: list[int] = field(default_factory=list)  # [T]
+    positions: list[int] = field(default_factory=list)  # [T]
+    slot_mapping: list[int] = field(default_factory=list)  # [T]
+    query_lens: list[int] = field(default_factory=list)  # [B]
+    context_lens: list[int] = field(default_factory=list)  # [B]
+    block_tables: list[list[int]] = field(default_factory=list)  # [B] ragged
+    sample_rows: list[int] = field(default_factory=list)  # rows of [T] whose logits are sampled
+    sampling: list[Sequence] = field(default_factory=list)  # their sequences, in the same order
+
+
+@dataclass
+class StepBatch:
+    """One step's packed inputs on the device: token ids ``[T]``, the attention metadata, rows to sample."""
+
+    input_ids: torch.Tensor
+    metadata: AttentionMetadata
+    sample_rows: torch.Tensor
+    sampling: list[Sequence]
 
 
 class LLMEngine(ContinuousBatchingEngine):
@@ -148,31 +165,33 @@ class LLMEngine(ContinuousBatchingEngine):
     def make_attention(self, metadata: AttentionMetadata):
         return PagedAttention(self.kv_pool, metadata)
 
-    def prepare_batch(self, out: SchedulerOutput) -> StepBatch:
-        """Host-side lists -> device tensors, once per step."""
-        block_size = self.config.block_size
-        input_ids: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
-        query_lens, context_lens, tables, sample_rows, sampling = [], [], [], [], []
+    def host_batch(self, out: SchedulerOutput) -> HostBatch:
+        """The step's packed inputs as host lists: token ids, positions, slots from the block tables."""
+        block_size, host = self.config.block_size, HostBatch()
         for item in out.scheduled:
             seq, start = item.seq, item.seq.num_computed_tokens
             end = start + item.num_new_tokens
             table = self.block_manager.block_tables[seq.request_id]
-            input_ids += seq.token_ids_between(start, end)
-            positions += range(start, end)
-            slots += [table[p // block_size] * block_size + p % block_size for p in range(start, end)]
-            query_lens.append(item.num_new_tokens)
-            context_lens.append(end)
-            tables.append(table)
+            host.input_ids += seq.token_ids_between(start, end)
+            host.positions += range(start, end)
+            host.slot_mapping += [table[p // block_size] * block_size + p % block_size for p in range(start, end)]
+            host.query_lens.append(item.num_new_tokens)
+            host.context_lens.append(end)
+            host.block_tables.append(table)
             if end == seq.num_tokens:  # the step reaches the newest token: sample the next one
-                sample_rows.append(len(input_ids) - 1)
-                sampling.append(seq)
-        metadata = AttentionMetadata.build(query_lens, context_lens, positions, slots,
-                                           self.block_table_array(tables), block_size, self.device)
-        ids = torch.tensor(input_ids, dtype=torch.long).to(self.device, non_blocking=True)
-        rows = torch.tensor(sample_rows, dtype=torch.long).to(self.device, non_blocking=True)
-        return StepBatch(ids, metadata, rows, sampling)
+                host.sample_rows.append(len(host.input_ids) - 1)
+                host.sampling.append(seq)
+        return host
+
+    def prepare_batch(self, out: SchedulerOutput) -> StepBatch:
+        """Host lists -> device tensors, once per step."""
+        host = self.host_batch(out)
+        metadata = AttentionMetadata.build(host.query_lens, host.context_lens, host.positions, host.slot_mapping,
+                                           self.block_table_array(host.block_tables), self.config.block_size,
+                                           self.device)
+        ids = torch.tensor(host.input_ids, dtype=torch.long).to(self.device, non_blocking=True)
+        rows = torch.tensor(host.sample_rows, dtype=torch.long).to(self.device, non_blocking=True)
+        return StepBatch(ids, metadata, rows, host.sampling)
 
     @staticmethod
     def block_table_array(tables: list[list[int]]) -> np.ndarray:

@@ -122,17 +122,21 @@ class PagedAttention:
         groups = [(decodes, True)] if decodes else []
         groups += [(group, False) for group in group_by_length(
             [i for i, n in enumerate(metadata.query_lens) if n > 1], metadata.query_lens)]
-        self.groups = [(self.packed_rows(group), self.make_group(group, is_decode))
-                       for group, is_decode in groups]  # built once, used by every layer
+        self.groups = []  # (packed rows, attention of the group): built once, used by every layer
+        for group, is_decode in groups:
+            rows = self.packed_rows(group)
+            self.groups.append((rows, self.make_group(group, is_decode, rows)))
 
-    def make_group(self, sequences: list[int], is_decode: bool):
-        """The attention of one group of sequences: ``attend(layer_idx, q) -> outputs of their rows``."""
+    def make_group(self, sequences: list[int], is_decode: bool, rows: torch.Tensor | None = None):
+        """The attention of one group of sequences: ``attend(layer_idx, q, cache)`` -> outputs of their rows."""
         return GatherIndices(self.metadata, sequences)
 
+    def store(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Write every new token's K and V at its slot (``slot_mapping``)."""
+        self.cache.write(layer_idx, self.metadata.slot_mapping, k, v)
+
     def packed_rows(self, sequences: list[int]) -> torch.Tensor | None:
-        """Rows of the packed batch that belong to ``sequences``, in their order (None when that is every row
-        in packed order). A group sorted by length may hold every sequence in another order: its outputs
-        must still be scattered back to their own rows."""
+        """Rows of the packed batch that belong to ``sequences``, in their order (None: every row, in order)."""
         if sequences == list(range(self.metadata.num_seqs)):
             return None
         starts, lens = self.metadata.query_starts_host, self.metadata.query_lens
@@ -140,7 +144,7 @@ class PagedAttention:
         return torch.tensor(rows, dtype=torch.long).to(self.metadata.slot_mapping.device, non_blocking=True)
 
     def __call__(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        self.cache.write(layer_idx, self.metadata.slot_mapping, k, v)  # every new token, before anyone reads
+        self.store(layer_idx, k, v)  # every new token of the step, before any group reads
         if len(self.groups) == 1 and self.groups[0][0] is None:
             return self.groups[0][1].attend(layer_idx, q, self.cache)
         out = torch.empty_like(q)

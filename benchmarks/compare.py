@@ -1,0 +1,312 @@
+"""Interleaved repeats: ratios that survive a noisy host.
+
+Lent GPU hosts differ by up to 2x in kernel-launch speed from one call to the next, and drift within a call.
+A ratio of two runs made minutes (or calls) apart measures the host as much as the engines. So a comparison
+builds its engines once, warms each up, and then alternates timed runs, A, B, A, B, A, B: each pair of
+neighbouring runs sees the same host, and the ratio is taken pair by pair.
+
+    results = run_comparison([Member("m03"), Member("m04")], get_workload("offline"), repeats=3,
+                             model="tiny", device="cpu", dtype="auto")
+
+Each member's result is an ordinary result dict (see ``harness``) plus:
+
+* ``repeats``: one entry per timed run, ``{"repeat", "metrics", "groups", "sweep", "tokens_sha256"}``;
+* ``metrics`` / ``groups`` / ``sweep`` / ``phases`` / ``per_step`` / ``tokens``: those of the *median repeat*
+  (the run with the median wall time; the lower middle one for an even count);
+* ``spread``: ``[min, max]`` over the repeats of the headline figures (``metrics.<key>``, ``groups.<g>.<key>``);
+* ``comparison``: which comparison it belongs to, its members (the first is the reference of its ratios),
+  the metrics its ratios are taken on, whether the engines sat on the GPU together or were built one at a
+  time, the repeats planned, and whether this engine had to be built again before each run.
+
+Every timed run starts from the same state: before runs 2, 3, ... each runner ``reset()``s what the last run
+left behind that would speed up the next (a prefix cache holding the workload's prompts); a runner that cannot
+(m06's prefix cache has no ``reset_prefix_cache()``) is built and warmed up again instead.
+
+Engines share the GPU when their K/V pools (sized for the workload, or the workload's budget), their weights,
+the largest per-batch K/V of an engine without a pool and a margin for activations fit in 85% of free memory;
+otherwise each timed run builds, warms up and frees its engine. A time limit stops the comparison between or
+inside runs: finished repeats are kept (``status: "timeout"`` if fewer than planned).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from milestones.m01_naive_loop.config import EngineConfig
+
+from .harness import (BenchmarkTimeout, build_runner, free_memory, jsonable, measure, new_result, record_failure,
+                      result_name, time_limit)
+from .runners import Runner, cannot_run, holds_kv_pool, kv_bytes_per_token, kv_tokens_needed, model_config
+from .workloads import Workload
+
+HEADLINE_KEYS = ("output_tokens_per_s", "wall_time_s", "ttft_p50_s", "ttft_p99_s", "itl_mean_s", "itl_p50_s",
+                 "itl_p99_s", "itl_max_s", "running_mean")
+GROUP_KEYS = ("ttft_p50_s", "itl_p50_s", "itl_p99_s", "itl_max_s")
+MEMORY_FRACTION = 0.85  # of free GPU memory that engines sharing the GPU may plan to use
+ACTIVATION_MARGIN = 8 * 2**30  # activations of a big prefill step, and the allocator's slack
+
+
+@dataclass(frozen=True)
+class Member:
+    """One engine of a comparison: a milestone or registered runner, with config overrides and a name tag."""
+
+    engine: str
+    overrides: tuple[tuple[str, object], ...] = ()
+    tag: str | None = None
+
+    @property
+    def label(self) -> str:
+        return self.engine + (f"+{self.tag}" if self.tag else "")
+
+
+def member_result_name(member: Member, workload: Workload) -> str:
+    name = result_name(member.engine, workload.name)
+    if workload.slice is not None:
+        name += f"-n{workload.num_requests}"
+    return name + (f"+{member.tag}" if member.tag else "")
+
+
+def parameter_bytes(config, dtype: torch.dtype) -> int:
+    """Roughly the weights of a Qwen3 dense model: embeddings (+ head if untied) and every layer's matrices."""
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    h, q, kv = config.hidden_size, config.num_attention_heads * head_dim, config.num_key_value_heads * head_dim
+    per_layer = h * (q + 2 * kv) + q * h + 3 * h * config.intermediate_size
+    embeddings = config.vocab_size * h * (1 if config.tie_word_embeddings else 2)
+    return (embeddings + config.num_hidden_layers * per_layer) * torch.empty((), dtype=dtype).element_size()
+
+
+def plan_residency(members: Sequence[Member], workload: Workload, model: str, device: str, dtype: str) -> dict:
+    """Whether the members fit on the GPU together; the estimate behind the answer, for the JSON."""
+    config = EngineConfig(model=model, device=device, dtype=dtype)
+    resolved = config.resolve_device()
+    if resolved.type != "cuda":
+        return {"residency": "together", "reason": "not on a GPU"}
+    torch_dtype = config.resolve_dtype(resolved)
+    shape = model_config(model)
+    per_token = kv_bytes_per_token(shape, torch_dtype)
+    pool = (int(workload.kv_budget_gib * 2**30) if workload.kv_budget_gib is not None
+            else kv_tokens_needed(workload) * per_token)
+    with_pool = [m for m in members if holds_kv_pool(m.engine)]
+    rows = min(workload.max_num_seqs or 1, workload.num_requests)
+    per_batch = 0 if len(with_pool) == len(members) else rows * workload.max_seq_len * per_token
+    planned = len(members) * parameter_bytes(shape, torch_dtype) + len(with_pool) * pool + per_batch + ACTIVATION_MARGIN
+    free = torch.cuda.mem_get_info(resolved)[0]
+    together = planned <= MEMORY_FRACTION * free
+    return {"residency": "together" if together else "one at a time", "planned_bytes": planned, "free_bytes": free,
+            "reason": f"weights + {len(with_pool)} K/V pool(s) of {pool / 2**30:.1f} GiB + largest per-batch K/V "
+                      f"{per_batch / 2**30:.1f} GiB + {ACTIVATION_MARGIN / 2**30:.0f} GiB for activations = "
+                      f"{planned / 2**30:.1f} GiB against "
+                      f"{MEMORY_FRACTION:.0%} of {free / 2**30:.1f} GiB free"}
+
+
+def _lookup(record: dict, path: str):
+    """``metrics.<key>``, ``groups.<group>.<key>`` or ``sweep.<prompt_len>.<key>`` of a result or repeat."""
+    head, *rest = path.split(".")
+    if head == "metrics":
+        return (record.get("metrics") or {}).get(rest[0])
+    if head == "groups":
+        return ((record.get("groups") or {}).get(rest[0]) or {}).get(rest[1])
+    if head == "sweep":
+        for row in record.get("sweep") or []:
+            if str(row["prompt_len"]) == rest[0]:
+                return row.get(rest[1])
+    return None
+
+
+def _spread(repeats: list[dict]) -> dict:
+    paths = [f"metrics.{k}" for k in HEADLINE_KEYS]
+    paths += [f"groups.{g}.{k}" for g in (repeats[0].get("groups") or {}) for k in GROUP_KEYS]
+    spread = {}
+    for path in paths:
+        values = [_lookup(r, path) for r in repeats]
+        if all(isinstance(v, (int, float)) for v in values):
+            spread[path] = [min(values), max(values)]
+    return spread
+
+
+def aggregate(result: dict, runs: list[dict]) -> None:
+    """Fill ``result`` from its timed runs: the median run's figures, every run's metrics, the spread."""
+    if not runs:
+        return
+    by_wall = sorted(range(len(runs)), key=lambda k: runs[k]["metrics"]["wall_time_s"])
+    median = by_wall[(len(runs) - 1) // 2]
+    for key in ("metrics", "groups", "sweep", "phases", "per_step", "tokens"):
+        result[key] = runs[median][key]
+    result["tokens"] = {**runs[median]["tokens"],
+                        "identical_across_repeats": len({r["tokens"]["sha256"] for r in runs}) == 1}
+    result["repeats"] = [{"repeat": k, "metrics": r["metrics"], "groups": r["groups"], "sweep": r["sweep"],
+                          "tokens_sha256": r["tokens"]["sha256"]} for k, r in enumerate(runs)]
+    result["spread"] = _spread(runs)
+    result["comparison"]["median_repeat"] = median
+
+
+def pair_ratios(num: dict, den: dict, path: str) -> list[float]:
+    """``num / den`` for each repeat index both have (runs k of two members were neighbours in time)."""
+    ratios = []
+    for a, b in zip(num.get("repeats") or [], den.get("repeats") or []):
+        x, y = _lookup(a, path), _lookup(b, path)
+        if isinstance(x, (int, float)) and isinstance(y, (int, float)) and y:
+            ratios.append(x / y)
+    return ratios
+
+
+def summarize_ratios(ratios: list[float]) -> dict | None:
+    if not ratios:
+        return None
+    return {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios), "n": len(ratios)}
+
+
+def run_comparison(members: Sequence[Member], workload: Workload, repeats: int = 3, *, model: str, device: str,
+                   dtype: str, seed: int = 0, ratio_metrics: Sequence[str] = ("metrics.output_tokens_per_s",),
+                   use_tqdm: bool = False, time_limit_s: float | None = None,
+                   on_progress: Callable[[list[dict]], None] | None = None,
+                   log: Callable[[str], None] | None = print) -> list[dict]:
+    """Build every member once (or once per run if they cannot share the GPU), warm each up, then run
+    ``repeats`` rounds of one timed run per member, in member order. Returns one result per member.
+
+    ``on_progress`` gets the results so far after every timed run (the suite rewrites ``suite.json`` with
+    them); ``time_limit_s`` bounds the whole comparison."""
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    comparison = _Comparison(list(members), workload, repeats, dict(model=model, device=device, dtype=dtype,
+                                                                   seed=seed), list(ratio_metrics), use_tqdm,
+                             on_progress, log or (lambda _msg: None))
+    return comparison.run(time_limit_s)
+
+
+class _Comparison:
+    """The state of one comparison while it runs: results, timed runs so far, built runners, live members."""
+
+    def __init__(self, members: list[Member], workload: Workload, repeats: int, engine_kwargs: dict,
+                 ratio_metrics: list[str], use_tqdm: bool, on_progress, log) -> None:
+        self.members, self.workload, self.repeats = members, workload, repeats
+        self.engine_kwargs, self.use_tqdm, self.on_progress, self.log = engine_kwargs, use_tqdm, on_progress, log
+        self.labels = [m.label for m in members]
+        self.id = f"{workload.name}:{'/'.join(self.labels)}"
+        info = {"id": self.id, "members": self.labels, "reference": self.labels[0], "workload": workload.name,
+                "repeats_planned": repeats, "ratio_metrics": ratio_metrics,
+                "order": "one timed run per member per round, in member order", "residency": None}
+        self.results = [new_result(member_result_name(m, workload), m.engine, workload, engine_kwargs["model"],
+                                   engine_kwargs["device"], engine_kwargs["dtype"]) for m in members]
+        for result, label in zip(self.results, self.labels):
+            result["comparison"] = {**info, "label": label}
+        self.runs: list[list[dict]] = [[] for _ in members]  # the timed runs of each member so far
+        self.runners: dict[int, Runner] = {}  # built runners, by member index
+        self.active: list[int] = []  # members still in the comparison
+        self.rebuilt: set[str] = set()  # members built again before every run (a cache they cannot reset)
+        self.together = True
+
+    def run(self, time_limit_s: float | None) -> list[dict]:
+        began = time.perf_counter()
+        try:
+            with time_limit(time_limit_s):
+                self._admit()
+                if self.together:
+                    for i in list(self.active):
+                        self._guarded(i, lambda i=i: self._build_and_keep(i))
+                for round_ in range(self.repeats):
+                    for i in list(self.active):
+                        if self._guarded(i, lambda i=i: self._timed_run(i)):
+                            self._progress(i, round_)
+                for i in self.active:
+                    self.results[i]["status"] = "ok"
+        except BenchmarkTimeout as error:
+            for i in self.active:
+                record_failure(self.results[i], error)
+                self.results[i]["error"] += f" after {len(self.runs[i])} of {self.repeats} timed runs"
+        finally:
+            for runner in self.runners.values():
+                with contextlib.suppress(Exception):
+                    runner.close()
+            self.runners.clear()
+            free_memory()
+        total = time.perf_counter() - began
+        for i, result in enumerate(self.results):
+            aggregate(result, self.runs[i])
+            result["total_time_s"] = total
+            result["comparison"]["rebuilt_before_each_run"] = self.labels[i] in self.rebuilt
+        return [jsonable(r) for r in self.results]
+
+    def _admit(self) -> None:
+        """Keep the members that can run the workload (at least two, or none), and decide on residency."""
+        model = self.engine_kwargs["model"]
+        for i, m in enumerate(self.members):
+            try:
+                reason = cannot_run(m.engine, self.workload, model)
+            except BenchmarkTimeout:
+                raise
+            except Exception as error:  # noqa: BLE001 - an unknown or broken engine: record it, go on
+                record_failure(self.results[i], error)
+                continue
+            if reason is not None:
+                self.results[i].update(status="skipped", error=reason)
+            else:
+                self.active.append(i)
+        if len(self.members) > 1 and len(self.active) == 1:  # nothing left to compare with: spend no time
+            i = self.active.pop()
+            self.results[i].update(status="skipped", error="no other engine of the comparison can run "
+                                                           f"{self.workload.name}: nothing to compare it with")
+        plan = plan_residency([self.members[i] for i in self.active], self.workload, model,
+                              self.engine_kwargs["device"], self.engine_kwargs["dtype"])
+        for result in self.results:
+            result["comparison"].update(residency=plan["residency"], residency_reason=plan["reason"])
+        self.together = plan["residency"] == "together"
+        self.log(f"[{self.id}] {self.repeats} rounds; engines {plan['residency']} ({plan['reason']})")
+
+    def _build(self, i: int) -> Runner:
+        free_memory()
+        m = self.members[i]
+        return build_runner(m.engine, self.workload, self.results[i], **self.engine_kwargs,
+                            overrides=dict(m.overrides) or None, kv_tokens=kv_tokens_needed(self.workload))
+
+    def _build_and_keep(self, i: int) -> None:
+        self.runners[i] = self._build(i)
+
+    def _timed_run(self, i: int) -> None:
+        """One timed run of member ``i``, from the same state as its other runs."""
+        if not self.together:
+            runner = self._build(i)
+            try:
+                self.runs[i].append(measure(runner, self.workload, self.use_tqdm))
+            finally:
+                runner.close()
+                free_memory()
+            return
+        if self.runs[i] and not self.runners[i].reset():
+            self.runners.pop(i).close()  # what the last run left would help this one: start afresh
+            self.runners[i] = self._build(i)
+            self.rebuilt.add(self.labels[i])
+        self.runs[i].append(measure(self.runners[i], self.workload, self.use_tqdm))
+
+    def _guarded(self, i: int, step: Callable[[], None]) -> bool:
+        """Run ``step`` for member ``i``; if it fails (other than by the clock), the member leaves the
+        comparison with its error recorded, and False is returned."""
+        try:
+            step()
+            return True
+        except BenchmarkTimeout:
+            raise
+        except Exception as error:  # noqa: BLE001 - this member fails; the others go on
+            record_failure(self.results[i], error)
+            self.log(f"[{self.results[i]['name']}] {self.results[i]['status']}: {self.results[i]['error']}")
+            self.active.remove(i)
+            runner = self.runners.pop(i, None)
+            if runner is not None:
+                with contextlib.suppress(Exception):
+                    runner.close()
+            return False
+
+    def _progress(self, i: int, round_: int) -> None:
+        last = self.runs[i][-1]["metrics"]
+        self.log(f"[{self.results[i]['name']}] round {round_ + 1}/{self.repeats}: {last['wall_time_s']:.2f} s"
+                 + (f", {last['output_tokens_per_s']:.1f} out tok/s" if last.get("output_tokens_per_s") else ""))
+        if self.on_progress is not None:
+            for k, result in enumerate(self.results):
+                aggregate(result, self.runs[k])
+            self.on_progress([jsonable(r) for r in self.results])

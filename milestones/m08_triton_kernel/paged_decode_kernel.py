@@ -1,0 +1,377 @@
+"""Paged decode attention in Triton: read each sequence's K/V in place through its block table.
+
+A decode step has one new query token per sequence and must attend to every key that sequence has cached.
+m04 gathered those keys into a dense ``[B, S, kv_heads, head_dim]`` copy every layer of every step and then ran
+``scaled_dot_product_attention``: the copy costs as much memory traffic as the attention itself (more, counting
+the write). This kernel reads the paged pool directly:
+
+    k_cache, v_cache  [num_blocks, block_size, kv_heads, head_dim]    one layer's view of the pool
+    block_tables      [B, max_blocks]     block_tables[b, i] = physical block of sequence b's i-th page
+    context_lens      [B]                 keys of sequence b, the new token's included (already stored)
+
+    key t of sequence b lives at  k_cache[block_tables[b, t // block_size], t % block_size]
+
+**One program per (sequence, K/V head, split).** With grouped-query attention (Qwen3-0.6B: 16 query heads,
+8 K/V heads) the ``group = heads / kv_heads`` query heads that share a K/V head are computed by the *same*
+program, as the rows of a small ``[group, head_dim]`` matrix: every K/V byte is read from memory exactly once
+(padded to 16 rows, the smallest ``tl.dot``; the extra rows cost tensor-core time, never memory traffic).
+
+**Tiles of several pages.** Each loop iteration takes ``TILE`` consecutive keys (64 = four 16-token pages):
+it looks up their blocks in the table, loads a ``[TILE, head_dim]`` tile of K and of V (each key row is
+``head_dim`` contiguous elements: 256 bytes in bf16, loaded 16 bytes at a time), and folds them into the
+running result with the **online softmax**: keep, per query row, the running maximum ``m``, the running
+denominator ``l`` and the un-normalised output ``acc`` (all float32); a new tile with a larger maximum
+rescales the old ``l`` and ``acc`` by ``2^(m_old - m_new)``. Keys past the sequence's length are masked out
+of the loads, so unwritten slots and garbage table entries are never read.
+
+**Split-K (flash-decoding).** A batch of 1 has only ``kv_heads`` = 8 programs: 8 of the H200's 132 SMs would
+stream the whole context while the rest idle. So long contexts at small batch are cut into ``num_splits``
+slices, each its own program writing a partial ``(o, lse)`` = (normalised output, log-sum-exp) of its slice;
+a second small kernel combines the slices: ``o = sum_s 2^(lse_s - lse_max) o_s / sum_s 2^(lse_s - lse_max)``.
+``choose_num_splits`` picks the count from ``B * kv_heads`` against the SM count and the context length.
+
+**Capturable in a CUDA graph.** The wrapper reads no tensor values on the host: every decision it makes uses
+shapes and Python ints (``max_context_len`` is a bound the caller knows, by default the table's width times
+``block_size``), and each program finds its own sequence's length on the device and skips the work past it.
+
+Without a GPU the kernels run in Triton's interpreter (numpy on the CPU): slow, but exact, which is how the
+tests check them on a laptop. Triton reads that switch (``TRITON_INTERPRET=1``) when each ``@triton.jit``
+runs, its own ``tl.max``/``tl.sum`` included, so it must be set before anything imports triton (transformers
+does): this module sets it on machines without CUDA in case it is first, and ``INTERPRETER_PROBLEM`` says
+when it was too late.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before any @triton.jit below
+
+import triton  # noqa: E402  (the switch above must come first)
+import triton.language as tl  # noqa: E402
+
+SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+MAX_SPLITS = 64  # partial results per (sequence, head); the combine kernel holds them all in registers
+MIN_GROUP_ROWS = 16  # tl.dot needs M >= 16: the query-head group is padded to this many rows
+
+
+@dataclass(frozen=True)
+class DecodeKernelConfig:
+    """Launch parameters of the decode kernel (``benchmarks/kernel_bench.py --autotune-sweep`` compares a few).
+
+    ``tile_tokens`` keys per loop iteration (a power of two >= 16: several pages, so many loads are in flight);
+    ``num_warps`` / ``num_stages`` Triton's threads per program and software-pipelining depth;
+    ``programs_per_sm`` the split heuristic's target of programs per SM; ``min_tiles_per_split`` the least work
+    a split is worth; ``dot_in_fp32`` upcasts 16-bit K/V tiles and runs the dots in tf32 (exact for bf16/fp16
+    inputs) instead of on bf16/fp16 tensor cores.
+    """
+
+    tile_tokens: int = 64
+    num_warps: int = 4
+    num_stages: int = 3
+    programs_per_sm: int = 3
+    min_tiles_per_split: int = 2
+    dot_in_fp32: bool = False
+
+    def __post_init__(self) -> None:
+        if self.tile_tokens < 16 or self.tile_tokens & (self.tile_tokens - 1):
+            raise ValueError(f"tile_tokens must be a power of two >= 16, got {self.tile_tokens}")
+        if self.num_warps not in (1, 2, 4, 8, 16) or self.num_stages < 1:
+            raise ValueError(f"bad launch parameters num_warps={self.num_warps} num_stages={self.num_stages}")
+        if self.programs_per_sm < 1 or self.min_tiles_per_split < 1:
+            raise ValueError("programs_per_sm and min_tiles_per_split must be >= 1")
+
+
+DEFAULT_CONFIG = DecodeKernelConfig()
+
+
+# --------------------------------------------------------------------------- the kernels
+
+
+@triton.jit(do_not_specialize=["num_splits", "max_blocks", "stride_table"])
+def _paged_decode_kernel(
+    q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr, out_ptr, lse_ptr,
+    scale_log2, num_splits, max_blocks,
+    stride_q_seq, stride_q_head,
+    stride_k_block, stride_k_slot, stride_k_head,
+    stride_v_block, stride_v_slot, stride_v_head,
+    stride_table, stride_out_seq, stride_out_head, stride_out_split,
+    GROUP: tl.constexpr, GROUP_ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    TILE: tl.constexpr, SPLIT: tl.constexpr, DOT_FP32: tl.constexpr, IEEE: tl.constexpr,
+):
+    """One (sequence, K/V head, split): the ``GROUP`` query heads of that K/V head against its keys."""
+    seq = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    num_heads = tl.num_programs(1) * GROUP
+
+    # The keys this program reads: [start, end). A table holds max_blocks pages, so clamp to what it can address.
+    context_len = tl.minimum(tl.load(context_lens_ptr + seq).to(tl.int32), max_blocks * BLOCK_SIZE)  # lengths may come as int64
+    if SPLIT:
+        # Every sequence is cut into num_splits slices of whole tiles, sized by its own length.
+        split_len = tl.cdiv(tl.cdiv(context_len, num_splits), TILE) * TILE
+        start = split * split_len
+        end = tl.minimum(start + split_len, context_len)
+    else:
+        start = 0
+        end = context_len
+
+    rows = tl.arange(0, GROUP_ROWS)  # query head kv_head * GROUP + row; rows >= GROUP are padding
+    dims = tl.arange(0, HEAD_DIM)
+    heads = kv_head * GROUP + rows
+    q = tl.load(q_ptr + seq * stride_q_seq + heads[:, None] * stride_q_head + dims[None, :],
+                mask=(rows < GROUP)[:, None], other=0.0)
+    if DOT_FP32:
+        q = q.to(tl.float32)
+
+    m = tl.full([GROUP_ROWS], float("-inf"), tl.float32)  # running max of the scores (base-2 units)
+    l = tl.zeros([GROUP_ROWS], tl.float32)  # running sum of 2^(score - m)
+    acc = tl.zeros([GROUP_ROWS, HEAD_DIM], tl.float32)  # running sum of 2^(score - m) * v
+    table_row = block_tables_ptr + seq * stride_table
+    k_head = k_cache_ptr + kv_head * stride_k_head
+    v_head = v_cache_ptr + kv_head * stride_v_head
+    # The block ids of a tile are loaded one iteration ahead (hoisted out of the K/V address chain): the K/V
+    # loads then depend on no load of their own iteration, so Triton's pipeliner can keep num_stages - 1 tiles
+    # of K and V in flight while the current one is computed.
+    next_keys = start + tl.arange(0, TILE)
+    next_blocks = tl.load(table_row + next_keys // BLOCK_SIZE, mask=next_keys < end, other=0)
+    for tile_start in range(start, end, TILE):
+        keys = tile_start + tl.arange(0, TILE)
+        valid = keys < end  # never read a table entry or a slot past the sequence's last key
+        block = next_blocks.to(tl.int64)
+        next_keys = keys + TILE
+        next_blocks = tl.load(table_row + next_keys // BLOCK_SIZE, mask=next_keys < end, other=0)
+        slot = keys % BLOCK_SIZE
+        k = tl.load(k_head + (block * stride_k_block + slot * stride_k_slot)[:, None] + dims[None, :],
+                    mask=valid[:, None], other=0.0)
+        v = tl.load(v_head + (block * stride_v_block + slot * stride_v_slot)[:, None] + dims[None, :],
+                    mask=valid[:, None], other=0.0)
+        if DOT_FP32:
+            k = k.to(tl.float32)
+            v = v.to(tl.float32)
+        if IEEE:  # float32 data: full-precision dots, not tf32
+            scores = tl.dot(q, tl.trans(k), input_precision="ieee")
+        else:
+            scores = tl.dot(q, tl.trans(k))
+        scores = tl.where(valid[None, :], scores * scale_log2, float("-inf"))  # [GROUP_ROWS, TILE]
+        # Each tile holds at least one valid key, so m_new is finite and the exponents below are well defined.
+        m_new = tl.maximum(m, tl.max(scores, 1))
+        alpha = tl.exp2(m - m_new)
+        p = tl.exp2(scores - m_new[:, None])
+        l = l * alpha + tl.sum(p, 1)
+        if IEEE:
+            pv = tl.dot(p, v, input_precision="ieee")
+        else:
+            pv = tl.dot(p.to(v.dtype), v)
+        acc = acc * alpha[:, None] + pv
+        m = m_new
+
+    has_keys = l > 0  # false only for an empty split, or a padding row with context length 0
+    out = acc / tl.where(has_keys, l, 1.0)[:, None]
+    out_rows = out_ptr + seq * stride_out_seq + heads[:, None] * stride_out_head + split * stride_out_split
+    row_mask = (rows < GROUP)[:, None]
+    if SPLIT:
+        tl.store(out_rows + dims[None, :], out, mask=row_mask)
+        lse = tl.where(has_keys, m + tl.log2(tl.where(has_keys, l, 1.0)), float("-inf"))
+        tl.store(lse_ptr + (seq * num_heads + heads) * num_splits + split, lse, mask=rows < GROUP)
+    else:
+        tl.store(out_rows + dims[None, :], out.to(out_ptr.dtype.element_ty), mask=row_mask)
+
+
+@triton.jit(do_not_specialize=["num_splits"])
+def _combine_splits_kernel(
+    partial_ptr, lse_ptr, out_ptr, num_splits, stride_out_seq, stride_out_head,
+    HEAD_DIM: tl.constexpr, SPLITS_POW2: tl.constexpr,
+):
+    """One (sequence, query head): weight each split's output by its share of the softmax denominator."""
+    seq = tl.program_id(0)
+    head = tl.program_id(1)
+    row = seq * tl.num_programs(1) + head
+    splits = tl.arange(0, SPLITS_POW2)
+    dims = tl.arange(0, HEAD_DIM)
+    used = splits < num_splits
+    lse = tl.load(lse_ptr + row * num_splits + splits, mask=used, other=float("-inf"))
+    partial = tl.load(partial_ptr + (row * num_splits + splits)[:, None] * HEAD_DIM + dims[None, :],
+                      mask=used[:, None], other=0.0)
+    lse_max = tl.max(lse, 0)
+    lse_max = tl.where(lse_max == float("-inf"), 0.0, lse_max)  # every split empty: weights 0, output 0
+    weight = tl.exp2(lse - lse_max)  # empty splits have lse = -inf: weight 0
+    total = tl.sum(weight, 0)
+    out = tl.sum(weight[:, None] * partial, 0) / tl.where(total > 0, total, 1.0)
+    tl.store(out_ptr + seq * stride_out_seq + head * stride_out_head + dims, out.to(out_ptr.dtype.element_ty))
+
+
+INTERPRETED = type(_paged_decode_kernel).__name__ == "InterpretedFunction"
+"""True when the kernels run in Triton's interpreter (CPU tensors), False when they compile for a GPU."""
+
+
+def _interpreter_problem() -> str | None:
+    """Why CPU tensors cannot go through these kernels in this process, or None if they can."""
+    if not INTERPRETED:
+        return ("on a CPU the Triton kernels run only in Triton's interpreter: set TRITON_INTERPRET=1 in the "
+                "environment before anything imports triton")
+    if type(tl.zeros).__name__ != "InterpretedFunction":  # tl.max, tl.sum... are themselves @triton.jit
+        return ("triton was imported (by transformers, say) before TRITON_INTERPRET=1 was set, so its interpreter "
+                "cannot run tl.max / tl.sum: set the variable before anything imports triton, e.g. "
+                "`TRITON_INTERPRET=1 python ...`")
+    return None
+
+
+INTERPRETER_PROBLEM = _interpreter_problem()
+"""None if the kernels can run on CPU tensors in this process; otherwise the reason (an error message)."""
+
+
+# --------------------------------------------------------------------------- the host side
+
+
+_SM_COUNTS: dict[int, int] = {}
+INTERPRETER_SM_COUNT = 8  # what the split heuristic assumes on the CPU (any value is correct, only speed differs)
+
+
+def sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of ``device`` (cached: the wrapper must not query the driver every call)."""
+    if device.type != "cuda":
+        return INTERPRETER_SM_COUNT
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _SM_COUNTS:
+        _SM_COUNTS[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return _SM_COUNTS[index]
+
+
+def choose_num_splits(batch: int, num_kv_heads: int, max_context_len: int, num_sms: int,
+                      config: DecodeKernelConfig = DEFAULT_CONFIG) -> int:
+    """How many slices to cut each sequence's keys into so that one wave of programs fills the GPU.
+
+    ``batch * num_kv_heads`` programs exist without splitting; an SM runs about ``config.programs_per_sm`` of
+    them at once (what its registers and shared memory allow), so split into as many slices as still fit in
+    one such wave, but never into slices shorter than ``config.min_tiles_per_split`` tiles (each program's
+    fixed cost and the combine step must stay small next to the keys it streams).
+    Qwen3-0.6B on an H200 (132 SMs, 8 K/V heads, default config: 396 programs in flight): batch >= 50 -> 1
+    split; batch 16 -> 3; batch 1 at 2,048 keys -> 16 splits of 128 keys, at 8,192 keys -> 49.
+    """
+    programs = batch * num_kv_heads
+    one_wave = config.programs_per_sm * num_sms // programs
+    worth = -(-max_context_len // config.tile_tokens) // config.min_tiles_per_split
+    return max(1, min(one_wave, worth, MAX_SPLITS))
+
+
+def _check(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+           context_lens: torch.Tensor, out: torch.Tensor | None) -> None:
+    """Shapes, dtypes and devices only: nothing here reads a tensor's values (no host synchronisation)."""
+    if q.dim() != 3 or k_cache.dim() != 4:
+        raise ValueError(f"q must be [batch, heads, head_dim] and the caches [num_blocks, block_size, kv_heads, "
+                         f"head_dim]; got q {tuple(q.shape)}, k_cache {tuple(k_cache.shape)}")
+    if v_cache.shape != k_cache.shape:
+        raise ValueError(f"k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)} differ in shape")
+    batch, num_heads, head_dim = q.shape
+    _, block_size, num_kv_heads, cache_head_dim = k_cache.shape
+    if q.dtype not in SUPPORTED_DTYPES or k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
+        raise ValueError(f"q, k_cache and v_cache must share one of float32/float16/bfloat16; got {q.dtype}, "
+                         f"{k_cache.dtype}, {v_cache.dtype}")
+    if cache_head_dim != head_dim or num_heads % num_kv_heads:
+        raise ValueError(f"q has {num_heads} heads of {head_dim}; the cache {num_kv_heads} K/V heads of "
+                         f"{cache_head_dim} (heads must be a multiple of K/V heads, head_dim equal)")
+    if head_dim < 16 or head_dim & (head_dim - 1) or block_size & (block_size - 1):
+        raise ValueError(f"head_dim must be a power of two >= 16 and block_size a power of two; got "
+                         f"{head_dim}, {block_size}")
+    if q.stride(-1) != 1 or k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
+        raise ValueError("q, k_cache and v_cache must be contiguous along head_dim")
+    if block_tables.dim() != 2 or block_tables.shape[0] != batch or block_tables.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"block_tables must be an int32 [batch={batch}, max_blocks] tensor; got "
+                         f"{block_tables.dtype} {tuple(block_tables.shape)}")
+    if context_lens.shape != (batch,) or context_lens.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"context_lens must be an int32 [batch={batch}] tensor; got "
+                         f"{context_lens.dtype} {tuple(context_lens.shape)}")
+    if out is not None and (out.shape != q.shape or out.dtype != q.dtype or out.stride(-1) != 1):
+        raise ValueError(f"out must be a {q.dtype} {tuple(q.shape)} tensor contiguous along head_dim; got "
+                         f"{out.dtype} {tuple(out.shape)}")
+    tensors = (q, k_cache, v_cache, block_tables, context_lens) + (() if out is None else (out,))
+    if any(t.device != q.device for t in tensors):
+        raise ValueError(f"all tensors must be on one device; got {[str(t.device) for t in tensors]}")
+    if q.device.type != "cuda" and INTERPRETER_PROBLEM:
+        raise ValueError(f"the Triton decode kernel got {q.device} tensors, but {INTERPRETER_PROBLEM}")
+
+
+def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                           block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float, *,
+                           max_context_len: int | None = None, num_splits: int | None = None,
+                           out: torch.Tensor | None = None,
+                           config: DecodeKernelConfig = DEFAULT_CONFIG) -> torch.Tensor:
+    """Attention of one new query token per sequence over its paged K/V; returns ``[B, heads, head_dim]``.
+
+    ``q`` ``[B, heads, head_dim]`` (RoPE applied); ``k_cache``/``v_cache`` ``[num_blocks, block_size, kv_heads,
+    head_dim]`` of q's dtype; ``block_tables`` ``[B, max_blocks]`` int32 (entries past a sequence's last block
+    are never read); ``context_lens`` ``[B]`` int32, keys per sequence including the new one (a length of 0,
+    e.g. a padding row of a captured graph, reads nothing and gives zeros). ``max_context_len``: a host-side
+    upper bound on ``context_lens`` for the split heuristic (default: ``max_blocks * block_size``);
+    ``num_splits`` overrides the heuristic; ``out`` receives the result if given.
+    """
+    _check(q, k_cache, v_cache, block_tables, context_lens, out)
+    batch, num_heads, head_dim = q.shape
+    _, block_size, num_kv_heads, _ = k_cache.shape
+    max_blocks = block_tables.shape[1]
+    if out is None:
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    if batch == 0:
+        return out
+    if num_splits is None:
+        bound = max_blocks * block_size if max_context_len is None else max_context_len
+        num_splits = choose_num_splits(batch, num_kv_heads, max(1, bound), sm_count(q.device), config)
+    elif not 1 <= num_splits <= MAX_SPLITS:
+        raise ValueError(f"num_splits must be in [1, {MAX_SPLITS}], got {num_splits}")
+
+    group = num_heads // num_kv_heads
+    is_fp32 = q.dtype == torch.float32
+    # Triton's interpreter computes bfloat16 dots wrongly: there, bf16 tiles go through the float32 dot path.
+    dot_fp32 = is_fp32 or config.dot_in_fp32 or (INTERPRETED and q.dtype == torch.bfloat16)
+    split = num_splits > 1
+    if split:
+        partial = torch.empty((batch, num_heads, num_splits, head_dim), dtype=torch.float32, device=q.device)
+        lse = torch.empty((batch, num_heads, num_splits), dtype=torch.float32, device=q.device)
+        target, target_strides = partial, (partial.stride(0), partial.stride(1), partial.stride(2))
+    else:
+        lse = out  # unused by the direct path
+        target, target_strides = out, (out.stride(0), out.stride(1), 0)
+    _paged_decode_kernel[(batch, num_kv_heads, num_splits)](
+        q, k_cache, v_cache, block_tables, context_lens, target, lse,
+        scale * math.log2(math.e), num_splits, max_blocks,
+        q.stride(0), q.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        block_tables.stride(0), *target_strides,
+        GROUP=group, GROUP_ROWS=max(MIN_GROUP_ROWS, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
+        BLOCK_SIZE=block_size, TILE=config.tile_tokens, SPLIT=split, DOT_FP32=dot_fp32, IEEE=is_fp32,
+        num_warps=config.num_warps, num_stages=config.num_stages,
+    )
+    if split:
+        _combine_splits_kernel[(batch, num_heads)](
+            partial, lse, out, num_splits, out.stride(0), out.stride(1),
+            HEAD_DIM=head_dim, SPLITS_POW2=triton.next_power_of_2(num_splits), num_warps=4,
+        )
+    return out
+
+
+def paged_decode_attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                                     block_tables: torch.Tensor, context_lens: torch.Tensor,
+                                     scale: float) -> torch.Tensor:
+    """The same result in plain torch, one sequence at a time in float32: the definition the kernel must meet."""
+    batch, num_heads, head_dim = q.shape
+    _, block_size, num_kv_heads, _ = k_cache.shape
+    group = num_heads // num_kv_heads
+    out = torch.zeros_like(q)
+    for b in range(batch):
+        length = int(context_lens[b])
+        if length == 0:
+            continue
+        blocks = block_tables[b, : -(-length // block_size)].long()
+        keys = k_cache[blocks].reshape(-1, num_kv_heads, head_dim)[:length].float()
+        values = v_cache[blocks].reshape(-1, num_kv_heads, head_dim)[:length].float()
+        keys, values = keys.repeat_interleave(group, dim=1), values.repeat_interleave(group, dim=1)
+        scores = torch.einsum("hd,thd->ht", q[b].float(), keys) * scale
+        out[b] = torch.einsum("ht,thd->hd", scores.softmax(dim=-1), values).to(q.dtype)
+    return out

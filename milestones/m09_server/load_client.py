@@ -1,0 +1,179 @@
+"""A streaming load client: many concurrent ``/v1/completions`` streams, timed at the client.
+
+The demo and ``benchmarks/online.py`` drive servers with it (ours, or any OpenAI-compatible one). Each
+request is timed from the moment it is sent:
+
+* **TTFT**: until the first chunk that carries a choice (queueing at the server included);
+* **inter-token latency**: the gaps between consecutive such chunks (our server sends one per token);
+* **end to end**: until the stream's ``[DONE]``.
+
+Arrivals follow a Poisson process at ``rate`` requests/s (exponential gaps, seeded), or all at once when
+``rate`` is infinite (a burst). A client can be told to hang up after a number of chunks, as real clients
+do, to check that the server frees what they held (``disconnect_fraction``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import random
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import httpx
+from tqdm.auto import tqdm
+
+from milestones.m01_naive_loop.metrics import percentile
+
+
+@dataclass
+class RequestResult:
+    """What the client saw of one request. ``error`` is set for an HTTP error, an error event or a dropped stream."""
+
+    max_tokens: int
+    send_time: float
+    end_time: float = 0.0
+    chunk_times: list[float] = field(default_factory=list)  # when each chunk with a choice arrived
+    output_tokens: int | None = None  # from the usage chunk
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None
+    finish_reason: str | None = None
+    text: str = ""  # only when asked to collect it
+    status_code: int | None = None
+    error: str | None = None
+    disconnected: bool = False  # the client hung up on purpose
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and not self.disconnected
+
+    @property
+    def ttft(self) -> float | None:
+        return self.chunk_times[0] - self.send_time if self.chunk_times else None
+
+    @property
+    def inter_token_latencies(self) -> list[float]:
+        return [b - a for a, b in zip(self.chunk_times, self.chunk_times[1:])]
+
+    @property
+    def e2e(self) -> float:
+        return self.end_time - self.send_time
+
+    @property
+    def full_length(self) -> bool:
+        return self.ok and self.output_tokens == self.max_tokens
+
+
+async def stream_completion(client: httpx.AsyncClient, url: str, model: str | None, prompt: str | Sequence[int],
+                            max_tokens: int, temperature: float = 0.0, ignore_eos: bool = True,
+                            disconnect_after: int | None = None, collect_text: bool = False) -> RequestResult:
+    """One streamed completion; ``disconnect_after=k`` hangs up after k chunks (0: before the first)."""
+    body = {"prompt": prompt if isinstance(prompt, str) else list(prompt), "max_tokens": max_tokens,
+            "temperature": temperature, "ignore_eos": ignore_eos, "stream": True,
+            "stream_options": {"include_usage": True}}
+    if model is not None:
+        body["model"] = model
+    result = RequestResult(max_tokens, time.perf_counter())
+    try:
+        async with client.stream("POST", f"{url}/v1/completions", json=body) as response:
+            result.status_code = response.status_code
+            if response.status_code != 200:
+                result.error = f"HTTP {response.status_code}: {(await response.aread()).decode(errors='replace')[:300]}"
+            elif disconnect_after == 0:
+                result.disconnected = True
+            else:
+                await _read_events(response, result, disconnect_after, collect_text)
+    except httpx.HTTPError as error:
+        result.error = f"{type(error).__name__}: {error}"
+    result.end_time = time.perf_counter()
+    if result.error is None and not result.disconnected and result.output_tokens is None:
+        result.error = "the stream ended without its usage chunk"
+    return result
+
+
+async def _read_events(response: httpx.Response, result: RequestResult, disconnect_after: int | None,
+                       collect_text: bool) -> None:
+    async for line in response.aiter_lines():
+        if not line.startswith("data:"):
+            continue
+        payload = line[5:].strip()
+        if payload == "[DONE]":
+            return
+        now = time.perf_counter()
+        # Most chunks are mid-stream tokens: time them without parsing, unless their text is wanted.
+        if '"finish_reason":null' in payload and not collect_text:
+            result.chunk_times.append(now)
+        else:
+            event = json.loads(payload)
+            if "error" in event:
+                result.error = f"error event: {event['error'].get('message')}"
+                return
+            for choice in event.get("choices") or []:
+                result.chunk_times.append(now)
+                result.text += choice.get("text") or ""
+                result.finish_reason = choice.get("finish_reason") or result.finish_reason
+            if event.get("usage"):
+                usage = event["usage"]
+                result.output_tokens, result.prompt_tokens = usage["completion_tokens"], usage["prompt_tokens"]
+                result.cached_tokens = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+        if disconnect_after is not None and len(result.chunk_times) >= disconnect_after:
+            result.disconnected = True  # leaving the ``async with`` closes the connection mid-stream
+            return
+    result.error = "the connection closed before [DONE]"
+
+
+async def run_load(url: str, model: str | None, requests: Sequence[tuple[str | Sequence[int], int]], rate: float,
+                   seed: int = 0, disconnect_fraction: float = 0.0, collect_text: bool = False,
+                   progress: bool = True, desc: str = "requests") -> tuple[list[RequestResult], float]:
+    """Send ``requests`` ((prompt, max_tokens) pairs) at ``rate`` per second; returns results in order and wall s.
+
+    ``rate=math.inf`` sends them all at once. With ``disconnect_fraction`` that share of clients (chosen with
+    ``seed``) hangs up after a random number of chunks, from 0 (before any token) to ``max_tokens - 1``.
+    """
+    rng = random.Random(seed)
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(None), limits=limits) as client:
+        with tqdm(total=len(requests), desc=desc, unit="req", disable=not progress) as bar:
+            start = time.perf_counter()
+            arrival, tasks = start, []
+            for i, (prompt, max_tokens) in enumerate(requests):
+                if i and math.isfinite(rate):
+                    arrival += rng.expovariate(rate)
+                    await asyncio.sleep(max(0.0, arrival - time.perf_counter()))
+                hang_up = rng.randint(0, max(0, max_tokens - 1)) if rng.random() < disconnect_fraction else None
+                task = asyncio.create_task(stream_completion(client, url, model, prompt, max_tokens,
+                                                             disconnect_after=hang_up, collect_text=collect_text))
+                task.add_done_callback(lambda _: bar.update(1))
+                tasks.append(task)
+            results = list(await asyncio.gather(*tasks))
+    return results, time.perf_counter() - start
+
+
+def summarize(results: Sequence[RequestResult], wall_s: float) -> dict:
+    """Counts, throughput and latency percentiles (seconds) over the requests that completed."""
+    done = [r for r in results if r.ok]
+    ttfts = [r.ttft for r in done if r.ttft is not None]
+    itls = [gap for r in done for gap in r.inter_token_latencies]
+    e2es = [r.e2e for r in done]
+    output_tokens = sum(r.output_tokens or 0 for r in done)
+    return {
+        "num_requests": len(results),
+        "completed": len(done),
+        "completed_full_length": sum(r.full_length for r in results),
+        "errors": sum(r.error is not None for r in results),
+        "disconnected": sum(r.disconnected for r in results),
+        "output_tokens": output_tokens,
+        "prompt_tokens": sum(r.prompt_tokens or 0 for r in done),
+        "cached_tokens": sum(r.cached_tokens or 0 for r in done),
+        "wall_time_s": wall_s,
+        "output_tokens_per_s": output_tokens / wall_s if wall_s > 0 else None,
+        "requests_per_s": len(done) / wall_s if wall_s > 0 else None,
+        "ttft_p50_s": percentile(ttfts, 50), "ttft_p99_s": percentile(ttfts, 99),
+        "itl_mean_s": statistics.fmean(itls) if itls else None,
+        "itl_p50_s": percentile(itls, 50), "itl_p99_s": percentile(itls, 99),
+        "e2e_p50_s": percentile(e2es, 50), "e2e_p99_s": percentile(e2es, 99),
+        "error_samples": sorted({r.error for r in results if r.error is not None})[:5],
+    }

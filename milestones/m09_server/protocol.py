@@ -1,0 +1,149 @@
+"""The OpenAI API's shapes, as pydantic models: what a client may send, and what the server answers.
+
+Requests are validated by pydantic before any work: a wrong type, a missing field or a value out of range
+becomes a 400 with an OpenAI-style error body (``app.py``). The field names and defaults follow OpenAI's
+API, plus vLLM's extensions that nanoserve's engine supports (``top_k``, ``ignore_eos``, ``stop_token_ids``).
+
+Responses are plain dicts built by ``serving.py``; their shapes are documented here next to the requests:
+
+* completion: ``{"id": "cmpl-...", "object": "text_completion", "created", "model",
+  "choices": [{"index": 0, "text", "logprobs": null, "finish_reason"}], "usage"}``
+* chat completion: ``{"id": "chatcmpl-...", "object": "chat.completion", ...,
+  "choices": [{"index": 0, "message": {"role": "assistant", "content"}, "finish_reason"}], "usage"}``
+* streamed, each chunk is ``data: {...}\\n\\n`` with ``object`` ``text_completion`` or
+  ``chat.completion.chunk`` (``delta`` instead of ``message``); then, with ``stream_options.include_usage``,
+  a chunk with ``"choices": []`` and the usage; then ``data: [DONE]``.
+* ``usage``: ``{"prompt_tokens", "completion_tokens", "total_tokens",
+  "prompt_tokens_details": {"cached_tokens"}}`` (cached: prompt tokens served by the prefix cache, m06 on).
+* with ``"return_token_ids": true`` (vLLM's extension) each choice also lists its generated ``token_ids``.
+* an error: ``{"error": {"message", "type", "param", "code"}}``.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, Field, field_validator, model_validator
+
+from milestones.m01_naive_loop.sampling_params import SamplingParams
+
+TokenIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+
+
+class SamplingRequest(BaseModel):
+    """Fields both endpoints share."""
+
+    model: str | None = None  # None: the served model
+    temperature: float = Field(1.0, ge=0.0)  # OpenAI's default; 0 is greedy
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = Field(-1, ge=-1)  # -1 or 0: off (vLLM's extension)
+    seed: int | None = Field(None, ge=0, lt=2**63)
+    stop: str | list[str] | None = Field(None, validate_default=True)  # becomes a list of strings
+    stop_token_ids: list[Annotated[int, Field(ge=0)]] = Field(default_factory=list)
+    ignore_eos: bool = False
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: int = 1
+    return_token_ids: bool = False  # vLLM's extension: each choice also carries the generated token ids
+    user: str | None = None  # accepted and ignored, as OpenAI's API allows
+
+    @field_validator("n")
+    @classmethod
+    def only_one_choice(cls, n: int) -> int:
+        if n != 1:
+            raise ValueError(f"only n=1 is supported (got {n}): send one request per completion")
+        return n
+
+    @field_validator("stop")
+    @classmethod
+    def non_empty_stop_strings(cls, stop: str | list[str] | None) -> list[str]:
+        stops = [stop] if isinstance(stop, str) else list(stop or [])
+        if any(not s for s in stops):
+            raise ValueError("stop strings must be non-empty")
+        return stops
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+    def sampling_params(self, max_tokens: int) -> SamplingParams:
+        """The engine's ``SamplingParams`` (string stops are not among them: the detokenizer applies those)."""
+        return SamplingParams(max_tokens=max_tokens, temperature=self.temperature, top_k=self.top_k,
+                              top_p=self.top_p, seed=self.seed, ignore_eos=self.ignore_eos,
+                              stop_token_ids=list(self.stop_token_ids))
+
+
+class CompletionRequest(SamplingRequest):
+    """``POST /v1/completions``: a prompt as text or as token ids (one prompt per request)."""
+
+    prompt: Annotated[str, Field(min_length=1)] | TokenIds
+    max_tokens: int = Field(16, ge=1)  # OpenAI's default for completions
+    # Not supported. The fields exist so that asking for them is a clear 400 instead of being ignored.
+    echo: bool = False
+    logprobs: int | None = None
+    best_of: int | None = None
+    suffix: str | None = None
+
+    @model_validator(mode="after")
+    def supported_features_only(self) -> CompletionRequest:
+        _unsupported(echo=self.echo, logprobs=self.logprobs is not None, best_of=self.best_of not in (None, 1),
+                     suffix=self.suffix is not None)
+        return self
+
+
+class ChatMessage(BaseModel):
+    role: Literal["system", "user", "assistant", "tool", "developer"]
+    content: str | list[TextPart]
+
+    @property
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+
+
+class TextPart(BaseModel):
+    type: Literal["text"]
+    text: str
+
+
+ChatMessage.model_rebuild()
+
+
+class ChatCompletionRequest(SamplingRequest):
+    """``POST /v1/chat/completions``: messages rendered to a prompt by the tokenizer's chat template."""
+
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    max_tokens: int | None = Field(None, ge=1)  # None: whatever room the context leaves
+    max_completion_tokens: int | None = Field(None, ge=1)  # OpenAI's newer name for max_tokens
+    add_generation_prompt: bool = True
+    chat_template_kwargs: dict | None = None  # e.g. {"enable_thinking": false} for Qwen3 (vLLM's extension)
+    logprobs: bool = False  # not supported (see CompletionRequest)
+    tools: list | None = None  # not supported
+
+    @model_validator(mode="after")
+    def supported_features_only(self) -> ChatCompletionRequest:
+        _unsupported(logprobs=self.logprobs, tools=bool(self.tools))
+        return self
+
+    @property
+    def requested_max_tokens(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+
+def _unsupported(**asked: bool) -> None:
+    names = [name for name, wanted in asked.items() if wanted]
+    if names:
+        raise ValueError(f"{', '.join(names)} {'is' if len(names) == 1 else 'are'} not supported by this server")
+
+
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
+
+
+def error_body(message: str, type_: str, param: str | None = None, code: str | int | None = None) -> dict:
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}

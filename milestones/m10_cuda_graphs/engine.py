@@ -1,0 +1,103 @@
+"""m10's engine: m09's, with decode steps replayed from CUDA graphs and fewer kernels in every step.
+
+At start, after loading, the engine packs q/k/v and gate/up into one weight each (``packed_layers.py``) and,
+on a CUDA GPU with the Triton backend, captures one decode graph per batch size of the ladder
+(``graph_runner.py``), printing the capture time and the memory the graphs hold. Then every step:
+
+* **decode-only** (every scheduled sequence feeds one token and samples): the step's inputs are copied into
+  the static buffers and the smallest graph that fits is replayed; the only host synchronisation is reading
+  back the sampled token ids;
+* **anything else** (prompt chunks, a batch larger than the ladder, ``enforce_eager``, no GPU): m09's eager
+  step, unchanged.
+
+Because m09's server takes its engine from the milestone it is started for, ``python -m milestones.m10_cuda_graphs
+serve`` serves this engine with no server code of its own.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from milestones.m05_paged_blocks.scheduler import SchedulerOutput
+from milestones.m05_paged_blocks.sequence import Sequence
+from milestones.m06_prefix_cache.engine import PrefixCacheStats
+from milestones.m09_server import LLMEngine as ServerEngine
+
+from dataclasses import dataclass
+
+from .config import EngineConfig
+from .graph_runner import CUDAGraphRunner, batch_size_ladder
+from .packed_layers import pack_projections
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class GraphStats(PrefixCacheStats):
+    """* ``graph_steps`` / ``eager_steps``: steps replayed from a CUDA graph / launched from Python.
+    * ``cuda_graph_capture_s`` / ``cuda_graph_memory_bytes`` / ``cuda_graph_batch_sizes``: what capturing cost."""
+
+    graph_steps: int = 0
+    eager_steps: int = 0
+    cuda_graph_capture_s: float = 0.0
+    cuda_graph_memory_bytes: int = 0
+    cuda_graph_batch_sizes: tuple[int, ...] = ()
+
+
+class LLMEngine(ServerEngine):
+    milestone = "m10_cuda_graphs"
+    config: EngineConfig
+    stats: GraphStats
+
+    def __init__(self, config: EngineConfig | None = None) -> None:
+        self.graph_runner: CUDAGraphRunner | None = None
+        super().__init__(config if config is not None else EngineConfig())
+        pack_projections(self.model)
+        if self.can_use_cuda_graphs():
+            max_batch = self.config.max_cuda_graph_batch_size or self.config.max_num_seqs
+            block_size = self.config.block_size
+            self.graph_runner = CUDAGraphRunner(self.model, self.kv_pool, batch_size_ladder(max_batch),
+                                                -(-self.max_model_len // block_size), self.max_model_len,
+                                                self.device)
+            logger.info(self.describe_cuda_graphs())
+        self.stats = self.new_stats()
+
+    def can_use_cuda_graphs(self) -> bool:
+        return (not self.config.enforce_eager and self.device.type == "cuda"
+                and self.attention_backend == "triton")
+
+    def describe_cuda_graphs(self) -> str:
+        runner = self.graph_runner
+        if runner is None:
+            return "CUDA graphs: off (" + ("enforce_eager" if self.config.enforce_eager else
+                                            f"need a CUDA GPU and the Triton backend; have {self.device}, "
+                                            f"{self.attention_backend}") + "): every step runs eagerly"
+        return (f"CUDA graphs: {len(runner.ladder)} decode graphs for batch sizes {runner.ladder[0]}.."
+                f"{runner.ladder[-1]}, captured in {runner.capture_seconds:.2f} s, holding "
+                f"{runner.memory_bytes / 2**20:,.0f} MiB")
+
+    def new_stats(self) -> GraphStats:
+        stats = GraphStats()
+        runner = getattr(self, "graph_runner", None)
+        if runner is not None:
+            stats.cuda_graph_capture_s, stats.cuda_graph_memory_bytes = runner.capture_seconds, runner.memory_bytes
+            stats.cuda_graph_batch_sizes = tuple(runner.ladder)
+        return stats
+
+    def is_graph_step(self, out: SchedulerOutput) -> bool:
+        return (self.graph_runner is not None and len(out.scheduled) <= self.graph_runner.ladder[-1]
+                and all(item.num_new_tokens == 1 and item.seq.num_uncomputed_tokens == 1 for item in out.scheduled))
+
+    def execute(self, out: SchedulerOutput) -> list[Sequence]:
+        if not self.is_graph_step(out):
+            self.stats.eager_steps += 1
+            return super().execute(out)
+        host = self.host_batch(out)  # every sequence samples: host.sampling is the whole step, in order
+        logits = self.graph_runner.replay(host.input_ids, host.positions, host.slot_mapping, host.context_lens,
+                                          self.block_table_array(host.block_tables))
+        self.count_tokens(out)
+        for item in out.scheduled:
+            item.seq.num_computed_tokens += 1
+        self.sample_logits_and_append(logits, host.sampling)
+        self.stats.graph_steps += 1
+        return host.sampling

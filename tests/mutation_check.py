@@ -1,0 +1,189 @@
+"""Does the suite catch the bugs it should? Reintroduce each known bug and see which tests fail.
+
+A test suite is only as good as the bugs it catches. This script keeps a list of small, realistic bugs
+("mutations") in the milestones' code. For each one it copies the repository to a scratch directory, applies the
+bug there, runs the tests that should notice, and reports which tests failed. A mutation that no test catches is a
+hole in the suite. The checkout itself is never modified.
+
+    python tests/mutation_check.py                       # every mutation, every test that catches it (~7 CPU-minutes)
+    python tests/mutation_check.py --quick               # stop each run at its first failing test
+    python tests/mutation_check.py qk-norm-swapped       # one of them
+    python tests/mutation_check.py --list
+
+Exit status 1 when some mutation went uncaught, or when a mutation no longer applies (the code it edits moved:
+update the mutation, do not drop it). Run it from the repository root with the project's Python.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+COPIED = ("milestones", "tests", "pyproject.toml")  # all the selected tests need
+
+
+@dataclass(frozen=True)
+class Mutation:
+    name: str
+    bug: str  # what the mutation does, in words
+    path: str  # the file it edits, relative to the repository root
+    edits: tuple[tuple[str, str], ...]  # (original text, buggy text): each original must occur exactly once
+    tests: tuple[str, ...]  # the test files (or node ids) that should catch it
+
+
+MODEL = "milestones/m01_naive_loop/model.py"
+MODEL_TESTS = ("tests/test_m01_loader.py", "tests/test_m01_engine.py", "tests/test_m02_kv_cache.py")
+BATCH_TESTS = ("tests/test_m03_static_batching.py", "tests/test_m04_continuous_batching.py")
+
+MUTATIONS = (
+    Mutation(
+        "rmsnorm-ignores-weight", "RMSNorm normalises but never multiplies by its weight", MODEL,
+        (("F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)", "F.rms_norm(x, (x.shape[-1],), None, self.eps)"),),
+        MODEL_TESTS,
+    ),
+    Mutation(
+        "qk-norm-swapped", "the attention applies k_norm to q and q_norm to k", MODEL,
+        (("q = self.q_norm(self.q_proj(x)", "q = self.k_norm(self.q_proj(x)"),
+         ("k = self.k_norm(self.k_proj(x)", "k = self.q_norm(self.k_proj(x)")),
+        MODEL_TESTS,
+    ),
+    Mutation(
+        "padded-prefill-position", "a padded row's prompt positions start at 1 instead of 0 (m03 and m04 prefill)",
+        "milestones/m03_static_batching/padded_batch.py",
+        (("positions = (slots - pad_lens[:, None]).clamp(min=0)",
+          "positions = (slots - pad_lens[:, None] + (pad_lens[:, None] > 0)).clamp(min=0)"),),
+        BATCH_TESTS,
+    ),
+    Mutation(
+        "padded-decode-position", "m03's decode steps give a padded row the position one too far",
+        "milestones/m03_static_batching/engine.py",
+        (("positions = (slot - padded.pad_lens)[:, None]",
+          "positions = (slot - padded.pad_lens + (padded.pad_lens > 0))[:, None]"),),
+        BATCH_TESTS,
+    ),
+    Mutation(
+        "padded-rope-shift", "a padded row's RoPE positions are all one too far, in prefill and decode alike (m03)",
+        "milestones/m03_static_batching/engine.py",
+        (("hidden = self.model(padded.input_ids, padded.positions,",
+          "hidden = self.model(padded.input_ids, padded.positions + (padded.pad_lens[:, None] > 0),"),
+         ("positions = (slot - padded.pad_lens)[:, None]",
+          "positions = (slot - padded.pad_lens + (padded.pad_lens > 0))[:, None]")),
+        BATCH_TESTS,
+    ),
+    Mutation(
+        "m04-prefill-rope-position", "m04's prefill rotates a padded row's tokens one position too far "
+        "(its K/V still land in the right slots)", "milestones/m04_continuous_batching/engine.py",
+        (("hidden = self.model(padded.input_ids, padded.positions, PrefillAttention(",
+          "hidden = self.model(padded.input_ids, padded.positions + (padded.pad_lens[:, None] > 0), "
+          "PrefillAttention("),),
+        BATCH_TESTS,
+    ),
+    Mutation(
+        "m04-rope-shift", "m04 rotates every token one position too far, in prefill and decode alike (K/V slots "
+        "unchanged)", "milestones/m04_continuous_batching/engine.py",
+        (("hidden = self.model(padded.input_ids, padded.positions, PrefillAttention(",
+          "hidden = self.model(padded.input_ids, padded.positions + 1, PrefillAttention("),
+         ("hidden = self.model(ids, positions, attention)", "hidden = self.model(ids, positions + 1, attention)")),
+        ("tests/test_m04_continuous_batching.py",),
+    ),
+    Mutation(
+        "m04-decode-position", "m04's decode gives the new token the position one too far",
+        "milestones/m04_continuous_batching/engine.py",
+        (("positions = (lengths - 1)[:, None]", "positions = lengths[:, None]"),),
+        ("tests/test_m04_continuous_batching.py",),
+    ),
+    Mutation(
+        "fcfs-overtake", "when the head of the queue does not fit, a later request that fits is admitted instead",
+        "milestones/m04_continuous_batching/scheduler.py",
+        (("""            head = self.waiting[0]
+            if self.allocator.allocate(head.request_id, kv_slots_needed(head)) is None:
+                break  # the head does not fit; FCFS means nobody overtakes it
+            admitted.append(self.waiting.popleft())""",
+          """            fits = next((r for r in self.waiting
+                         if self.allocator.allocate(r.request_id, kv_slots_needed(r)) is not None), None)
+            if fits is None:
+                break
+            self.waiting.remove(fits)
+            admitted.append(fits)"""),),
+        ("tests/test_m04_scheduler.py", "tests/test_m04_continuous_batching.py"),
+    ),
+)
+
+
+def apply(mutation: Mutation, root: Path) -> None:
+    path = root / mutation.path
+    text = path.read_text()
+    for original, buggy in mutation.edits:
+        count = text.count(original)
+        if count != 1:
+            raise ValueError(f"{mutation.name}: expected the text once in {mutation.path}, found it {count} times: "
+                             f"{original.strip()[:70]!r}")
+        text = text.replace(original, buggy)
+    path.write_text(text)
+
+
+def scratch_copy(destination: Path) -> None:
+    for name in COPIED:
+        source = ROOT / name
+        if source.is_dir():
+            shutil.copytree(source, destination / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        else:
+            shutil.copy(source, destination / name)
+
+
+def failing_tests(mutation: Mutation, quick: bool = False) -> list[str]:
+    """Run the mutation's tests on a mutated scratch copy; return the ids of the tests that failed or errored."""
+    with tempfile.TemporaryDirectory(prefix=f"mutation-{mutation.name}-") as scratch:
+        root = Path(scratch)
+        scratch_copy(root)
+        apply(mutation, root)
+        where = subprocess.run([sys.executable, "-c", "import milestones; print(milestones.__file__)"], cwd=root,
+                               capture_output=True, text=True, check=True).stdout.strip()
+        if not Path(where).is_relative_to(root):  # the checkout's code would be tested, not the mutant
+            raise RuntimeError(f"the scratch copy imports milestones from {where}, not from {root}")
+        result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfE",
+                                 *(["-x"] if quick else []), *mutation.tests], cwd=root, capture_output=True, text=True)
+    failed = re.findall(r"^(?:FAILED|ERROR) (\S+)", result.stdout, flags=re.MULTILINE)
+    if result.returncode not in (0, 1) or (result.returncode == 1 and not failed):
+        raise RuntimeError(f"{mutation.name}: pytest could not run (exit {result.returncode}):\n{result.stdout[-2000:]}"
+                           f"{result.stderr[-2000:]}")
+    return failed
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("names", nargs="*", metavar="NAME", help="mutations to check (default: all)")
+    parser.add_argument("--list", action="store_true", help="list the mutations and exit")
+    parser.add_argument("--quick", action="store_true", help="stop each mutation's run at its first failing test")
+    args = parser.parse_args(argv)
+    by_name = {m.name: m for m in MUTATIONS}
+    if args.list:
+        for m in MUTATIONS:
+            print(f"{m.name:28} {m.bug}")
+        return 0
+    unknown = [n for n in args.names if n not in by_name]
+    if unknown:
+        parser.error(f"unknown mutation(s) {', '.join(unknown)}; see --list")
+    uncaught = []
+    for mutation in [by_name[n] for n in args.names] or MUTATIONS:
+        failed = failing_tests(mutation, args.quick)
+        print(f"{mutation.name}: {mutation.bug}")
+        print(f"  caught by {len(failed)} test(s)" if failed else "  NOT CAUGHT")
+        for test in failed:
+            print(f"    {test}")
+        if not failed:
+            uncaught.append(mutation.name)
+    if uncaught:
+        print(f"uncaught: {', '.join(uncaught)}")
+    return 1 if uncaught else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,313 @@
+"""``python -m milestones`` (the list of milestones and their gains) and ``python -m milestones diff``.
+
+Expectations come from the packages themselves (their files, their classes' own ``__dict__``, ``inspect``) and
+from the committed result JSON, read here independently of ``milestones/_course``; a few known facts of
+m02-m04 are checked by name. New milestones are picked up the way tests/test_milestone_chain.py finds them.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import importlib
+import inspect
+import json
+import pkgutil
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import milestones
+from milestones._course import gains
+from milestones._course.cli import main
+from milestones._course.style import Style, wants_colour
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "benchmarks" / "results" / "h200"
+PACKAGES = sorted(m.name for m in pkgutil.iter_modules(milestones.__path__) if m.name[:1] == "m" and m.ispkg)
+PAIRS = list(zip(PACKAGES, PACKAGES[1:]))
+ANSI = re.compile(r"\033\[[0-9;]*m")
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    status = main(list(argv))
+    captured = capsys.readouterr()
+    return status, captured.out, captured.err
+
+
+def metric(name: str, key: str) -> float:
+    return json.loads((RESULTS / f"{name}.json").read_text())["metrics"][key]
+
+
+# ---- the list -------------------------------------------------------------------------------------------------
+
+def test_list_shows_every_milestone_package_with_its_demo_and_doc(capsys):
+    status, out, _ = run(capsys)
+    assert status == 0
+    for name in PACKAGES:
+        assert re.search(rf"^{name}\s+\S", out, re.M), f"{name} is not listed with its idea"
+        if (REPO / "milestones" / name / "__main__.py").is_file():
+            assert f"python -m milestones.{name}" in out
+        for page in (REPO / "docs").glob(f"{name.split('_')[0]}-*.md"):
+            assert f"docs/{page.name}" in out
+
+
+def test_list_idea_is_the_docstrings_first_sentence(capsys):
+    _, out, _ = run(capsys)
+    docstring = importlib.import_module("milestones.m02_kv_cache").__doc__
+    first = docstring.split("\n")[0].removeprefix("m02_kv_cache:").strip().rstrip(".")
+    assert re.search(rf"^m02_kv_cache\s+{re.escape(first)}$", out, re.M)
+    assert "``" not in out
+
+
+def test_list_gains_come_from_the_committed_results(capsys):
+    _, out, _ = run(capsys)
+    m04_skewed = metric("m04_skewed", "output_tokens_per_s") / metric("m03_skewed", "output_tokens_per_s")
+    assert f"skewed: {m04_skewed:.2f}x m03's output tok/s" in out
+    m03_offline = metric("m03_offline", "output_tokens_per_s") / metric("m02_offline-n16", "output_tokens_per_s")
+    assert f"offline: {m03_offline:.0f}x m02's output tok/s" in out and "m02 ran 16 of its 128 requests" in out
+    itl = metric("m02_single", "itl_mean_s") / metric("m01_single", "itl_mean_s")  # m02 is slower at 512 tokens
+    assert f"single (512-token prompt): {itl:.2f}x higher mean inter-token latency than m01" in out
+    block_m01 = out.split("m01_naive_loop", 1)[1].split("m02_kv_cache", 1)[0]
+    assert "the baseline" in block_m01
+
+
+def test_a_milestone_without_committed_results_is_pending_never_a_number(tmp_path):
+    figure = gains.Figure("m04_skewed", "m05_skewed", "output_tokens_per_s", "output tok/s", "skewed")
+    pending = gains.compare(figure, results_dir=tmp_path)
+    assert isinstance(pending, gains.Pending) and pending.reason.startswith("pending H200 run")
+    (tmp_path / "m04_skewed.json").write_text(json.dumps({"status": "ok", "metrics": {"output_tokens_per_s": 5.0}}))
+    (tmp_path / "m05_skewed.json").write_text(json.dumps({"status": "error", "metrics": None}))
+    failed = gains.compare(figure, results_dir=tmp_path)
+    assert isinstance(failed, gains.Pending) and "m05_skewed.json: error" in failed.reason
+    undeclared = gains.gains_of("m99", results_dir=tmp_path)
+    assert [type(p) for p in undeclared] == [gains.Pending] and "pending H200 run" in undeclared[0].reason
+
+
+def test_interleaved_repeats_give_the_median_ratio_with_its_range(tmp_path):
+    """A, B, A, B, A, B in one call: ratios pair by pair (2.0, 1.909.., 2.111..) -> median 2.00, range 1.91-2.11."""
+    old = [100.0, 110.0, 90.0]
+    new = [200.0, 210.0, 190.0]
+    for name, values in (("old", old), ("new", new)):
+        result = {"status": "ok", "milestone": name, "metrics": {"output_tokens_per_s": values[0]},
+                  "repeats": [{"metrics": {"output_tokens_per_s": v}} for v in values]}
+        (tmp_path / f"{name}.json").write_text(json.dumps(result))
+    gain = gains.compare(gains.Figure("old", "new", "output_tokens_per_s", "output tok/s", "offline"), tmp_path)
+    assert gain.ratio == pytest.approx(2.0)
+    assert (gain.ratio_low, gain.ratio_high) == pytest.approx((190 / 90, 210 / 110)[::-1])
+    line = gains.describe(gain, "m03")
+    assert line.startswith("offline: 2.00x (1.91-2.11x) m03's output tok/s (200 vs 100 tok/s)")
+    assert "medians of 3 runs" in line
+
+
+def test_a_spread_without_repeats_is_shown_as_a_range(tmp_path):
+    (tmp_path / "a.json").write_text(json.dumps({"metrics": {"ttft_p50_s": 0.4}}))
+    (tmp_path / "b.json").write_text(json.dumps({"metrics": {"ttft_p50_s": 0.1},
+                                                 "spread": {"ttft_p50_s": {"min": 0.08, "max": 0.2}}}))
+    gain = gains.compare(gains.Figure("a", "b", "ttft_p50_s", "TTFT p50", "prefix", lower_is_better=True), tmp_path)
+    assert gain.ratio == pytest.approx(4.0) and (gain.ratio_low, gain.ratio_high) == pytest.approx((2.0, 5.0))
+    assert gains.describe(gain, "m05").startswith("prefix: 4.00x (2.00-5.00x) lower TTFT p50 than m05 (100 vs 400 ms)")
+
+
+def test_every_declared_figure_names_results_of_the_milestone_and_its_predecessor():
+    for key, figures in gains.FIGURES.items():
+        for figure in figures:
+            assert figure.new.split("_")[0] == key, figure
+            assert figure.old.split("_")[0] == f"m{int(key[1:]) - 1:02d}", figure
+
+
+def test_colour_only_on_a_terminal_and_never_with_no_color(capsys, monkeypatch):
+    class Terminal:
+        def isatty(self) -> bool:
+            return True
+
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    assert wants_colour("auto", Terminal()) and not wants_colour("auto", sys.stdout)
+    monkeypatch.setenv("NO_COLOR", "1")
+    assert not wants_colour("auto", Terminal()) and wants_colour("always", sys.stdout)
+    assert not wants_colour("never", Terminal())
+    assert Style(False)("x", "red") == "x" and Style(True)("x", "red") == "\033[31mx\033[0m"
+    _, plain, _ = run(capsys)
+    _, coloured, _ = run(capsys, "--color", "always")
+    assert not ANSI.search(plain) and ANSI.search(coloured) and ANSI.sub("", coloured) == plain
+
+
+def test_the_command_line_runs_as_a_module():
+    done = subprocess.run([sys.executable, "-m", "milestones"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert all(name in done.stdout for name in PACKAGES) and not ANSI.search(done.stdout)
+
+
+# ---- the diff -------------------------------------------------------------------------------------------------
+
+def own_methods(cls: type) -> list[str]:
+    """Methods written in ``cls``'s body (a @dataclass adds generated ones to __dict__; those are not written)."""
+    source = inspect.getsource(cls)
+    node = ast.parse(source).body[0]
+    return [n.name for n in node.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+
+
+@pytest.mark.parametrize("old, new", PAIRS)
+def test_diff_of_adjacent_milestones_names_what_the_new_one_adds(capsys, old, new):
+    status, out, err = run(capsys, "diff", old, new, "--width", "120")
+    assert status == 0, err
+    assert not ANSI.search(out)
+    package = REPO / "milestones" / new
+    for path in package.rglob("*.py"):
+        if path.name != "__init__.py":
+            assert path.relative_to(REPO).as_posix() in out, f"new module {path.name} not shown"
+    engine = importlib.import_module(f"milestones.{new}").LLMEngine
+    for name in own_methods(engine):
+        assert name in out, f"{new}'s LLMEngine.{name} not shown"
+    before = importlib.import_module(f"milestones.{old}").EngineConfig
+    after = importlib.import_module(f"milestones.{new}").EngineConfig
+    for field in set(f.name for f in dataclasses.fields(after)) - set(f.name for f in dataclasses.fields(before)):
+        assert re.search(rf"^  {field}: ", out, re.M), f"new config field {field} not shown"
+
+
+KNOWN = {  # facts of the existing milestones: new classes, {override: the method it replaces}, new config fields
+    "m02_kv_cache": ({"KVCache", "CachedAttention"},
+                     {"LLMEngine.generate_one": "m01_naive_loop.engine.LLMEngine.generate_one"}, set()),
+    "m03_static_batching": ({"PaddedBatch"},
+                            {"LLMEngine.run": "m01_naive_loop.engine.LLMEngine.run",
+                             "PaddedCachedAttention.__call__": "m02_kv_cache.kv_cache.CachedAttention.__call__"},
+                            {"max_num_seqs"}),
+    "m04_continuous_batching": ({"Scheduler", "KVPool", "ContiguousAllocator"},
+                                {"LLMEngine.run": "m03_static_batching.engine.LLMEngine.run",
+                                 "EngineConfig.__post_init__": "m03_static_batching.config.EngineConfig.__post_init__"},
+                                {"kv_cache_tokens"}),
+}
+
+
+@pytest.mark.parametrize("new", sorted(KNOWN))
+def test_diff_shows_known_classes_overrides_and_fields(capsys, new):
+    classes, overrides, fields = KNOWN[new]
+    _, out, _ = run(capsys, "diff", new, "--width", "120")  # one name: against its predecessor
+    section = out.split("New classes", 1)[1].split("Extended classes", 1)[0]
+    assert all(re.search(rf"^  {c}\b", section, re.M) for c in classes), section
+    for override, replaced in overrides.items():
+        assert f"-- {override}  replaces {replaced}" in out
+    config = out.split("New config fields", 1)[1].split("Overridden methods", 1)[0]
+    assert {f for f in re.findall(r"^  (\w+): ", config, re.M)} == fields
+
+
+def test_an_override_is_shown_beside_the_method_it_replaces_found_through_the_mro(capsys):
+    from milestones.m01_naive_loop.engine import LLMEngine as M01
+    from milestones.m02_kv_cache.engine import LLMEngine as M02
+
+    _, out, _ = run(capsys, "diff", "m01", "m02", "--layout", "side-by-side", "--width", "150")
+    old_line = inspect.getsourcelines(M01.generate_one)[1]
+    new_line = inspect.getsourcelines(M02.generate_one)[1]
+    assert f"milestones/m01_naive_loop/engine.py:{old_line}" in out
+    assert f"milestones/m02_kv_cache/engine.py:{new_line}" in out
+    rows = [line for line in out.splitlines() if " | " in line]
+    assert any(line.startswith("- ") and "+ " in line.split(" | ", 1)[1] for line in rows)  # changed, side by side
+    assert any("KVCache.for_model" in line.split(" | ", 1)[1] for line in rows)
+    assert all(len(line) <= 150 for line in out.splitlines() if " | " in line)
+    # m04's make_request replaces m01's: m02 and m03 never overrode it, so the MRO reaches back to m01.
+    _, out, _ = run(capsys, "diff", "m03", "m04")
+    assert "-- LLMEngine.make_request  replaces m01_naive_loop.engine.LLMEngine.make_request" in out
+
+
+def test_stacked_layout_puts_the_replaced_method_first(capsys):
+    _, out, _ = run(capsys, "diff", "m01", "m02", "--layout", "stacked")
+    old_at, new_at = out.index("replaces: milestones/m01_naive_loop/engine.py"), out.index("with: milestones/m02")
+    assert old_at < new_at
+    assert "-     \"\"\"m01: every step runs the model" in out[old_at:new_at]
+    assert "+     cache = KVCache.for_model" in out[new_at:]
+
+
+def test_non_adjacent_diff_walks_every_step_in_order(capsys):
+    status, out, _ = run(capsys, "diff", "m01_naive_loop", "m04")
+    assert status == 0
+    assert out.startswith("m01_naive_loop -> m04_continuous_batching: 3 steps")
+    heads = [out.index(f"== {new} (after {old})") for old, new in PAIRS[:3]]
+    assert heads == sorted(heads)
+    assert "KVCache" in out and "PaddedBatch" in out and "Scheduler" in out
+
+
+def test_short_and_full_names_give_the_same_diff(capsys):
+    assert run(capsys, "diff", "m02", "m03")[1] == run(capsys, "diff", "m02_kv_cache", "M03_STATIC_BATCHING")[1]
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["diff", "m01", "m99"], "unknown milestone 'm99': choose from " + ", ".join(PACKAGES)),
+    (["diff", "kv_cache", "m02"], "unknown milestone 'kv_cache'"),
+    (["diff", "m04", "m02"], "m04_continuous_batching comes after m02_kv_cache: put the earlier one first"),
+    (["diff", "m03", "m03_static_batching"], "nothing to compare: both names are m03_static_batching"),
+    (["diff", "m01"], "m01_naive_loop is the first milestone"),
+])
+def test_bad_names_are_refused_in_one_line_with_status_2(capsys, argv, words):
+    status, out, err = run(capsys, *argv)
+    assert status == 2 and out == ""
+    assert err.count("\n") == 1 and words in err
+
+
+def test_unknown_name_exits_2_from_the_real_command():
+    done = subprocess.run([sys.executable, "-m", "milestones", "diff", "m00", "m02"], cwd=REPO, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.strip().count("\n") == 0 and "m01_naive_loop" in done.stderr
+
+
+def test_stat_counts_the_lines_of_every_new_file(capsys):
+    status, out, _ = run(capsys, "diff", "m01", "m04", "--stat")
+    assert status == 0 and len(out.splitlines()) < 50
+    for new in PACKAGES[1:4]:
+        for path in (REPO / "milestones" / new).glob("*.py"):
+            num_lines = len(path.read_text().splitlines())
+            assert re.search(rf"^  {re.escape(path.name)}\s+\|\s+{num_lines} \++$", out, re.M), path
+    assert re.search(r"^m02_kv_cache \(after m01\): \d+ files, .*methods 1 overridden", out, re.M)
+    assert out.rstrip().splitlines()[-1].startswith("3 steps: ")
+
+
+def test_unified_diff_has_the_files_own_line_numbers(capsys):
+    from milestones.m01_naive_loop.engine import LLMEngine as M01
+    from milestones.m02_kv_cache.engine import LLMEngine as M02
+
+    status, out, _ = run(capsys, "diff", "m01", "m02", "--unified")
+    assert status == 0
+    lines = out.splitlines()
+    assert "--- a/milestones/m01_naive_loop/engine.py" in lines and "+++ b/milestones/m02_kv_cache/engine.py" in lines
+    old_source, old_start = inspect.getsourcelines(M01.generate_one)
+    new_source, new_start = inspect.getsourcelines(M02.generate_one)
+    assert f"@@ -{old_start},{len(old_source)} +{new_start},{len(new_source)} @@ LLMEngine.generate_one" in lines
+    removed = [line[1:] for line in lines if line.startswith("-") and not line.startswith("---")]
+    added = [line[1:] for line in lines if line.startswith("+") and not line.startswith("+++")]
+    assert set(removed) <= {line.rstrip("\n") for line in old_source}
+    assert set(added) <= {line.rstrip("\n") for line in new_source} and any("KVCache.for_model" in a for a in added)
+
+
+def test_stat_and_unified_exclude_each_other(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["diff", "m01", "m02", "--stat", "--unified"])
+    assert exit_info.value.code == 2
+
+
+def test_a_milestone_that_does_not_import_is_named_in_one_line(capsys, monkeypatch):
+    from milestones._course import changes
+
+    real = importlib.import_module
+
+    def half_written(name: str, *args):
+        if name == "milestones.m02_kv_cache.kv_cache":
+            raise SyntaxError("invalid syntax (kv_cache.py, line 12)")
+        return real(name, *args)
+
+    monkeypatch.setattr(changes.importlib, "import_module", half_written)
+    status, out, err = run(capsys, "diff", "m01", "m02")
+    assert status == 1 and out == ""
+    assert err == ("python -m milestones: error: cannot import milestones.m02_kv_cache.kv_cache: "
+                   "SyntaxError: invalid syntax (kv_cache.py, line 12)\n")
+
+
+def test_the_course_package_is_no_milestone_to_the_benchmarks():
+    from benchmarks.harness import resolve_milestone_module
+
+    with pytest.raises(ValueError) as error:
+        resolve_milestone_module("_course")
+    assert "_course" not in str(error.value).split("choose from", 1)[1]
+    assert resolve_milestone_module("m02") == "milestones.m02_kv_cache"

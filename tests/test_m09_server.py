@@ -1,0 +1,499 @@
+"""m09: a real uvicorn server on loopback, driven by the official ``openai`` client (and raw HTTP for bad input).
+
+The model is a tiny random Qwen3 with the real 151,936-token vocabulary, so the real tokenizer and its chat
+template work with it. The server's greedy tokens are checked against the same engine class run offline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import math
+import socket
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+import torch
+from prometheus_client.parser import text_string_to_metric_families
+from transformers import Qwen3ForCausalLM
+
+from conftest import random_prompts, tiny_hf_config
+from milestones.m09_server import EngineConfig, LLMEngine, SamplingParams
+from milestones.m09_server.app import build_app
+from milestones.m09_server.server_thread import ServerThread
+
+MODEL_NAME = "tiny-chat"
+MAX_MODEL_LEN = 256
+IM_END = 151_645
+
+
+def engine_kwargs(**overrides) -> dict:
+    """Config for the engines here, keeping only the fields this milestone's EngineConfig has."""
+    wanted = {"max_num_seqs": 64, "max_model_len": MAX_MODEL_LEN, **overrides}
+    fields = {f.name for f in dataclasses.fields(EngineConfig)}
+    return {k: v for k, v in wanted.items() if k in fields}
+
+
+@pytest.fixture(scope="module")
+def chat_checkpoint(tmp_path_factory):
+    """A tiny random Qwen3 with the full vocabulary (so chat-template tokens exist) and wide weights (varied text)."""
+    directory = tmp_path_factory.mktemp("m09-chat")
+    config = tiny_hf_config(tie_word_embeddings=True)
+    config.vocab_size, config.bos_token_id, config.eos_token_id = 151_936, 151_643, IM_END
+    config.initializer_range = 0.3
+    torch.manual_seed(0)
+    Qwen3ForCausalLM(config).eval().save_pretrained(directory)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def engine(chat_checkpoint, tokenizer_cache):
+    return LLMEngine(EngineConfig(model=str(chat_checkpoint), device="cpu", **engine_kwargs()))
+
+
+@pytest.fixture(scope="module")
+def offline(chat_checkpoint, tokenizer_cache):
+    """The same engine class and weights, run offline with ``generate``: the reference."""
+    return LLMEngine(EngineConfig(model=str(chat_checkpoint), device="cpu", **engine_kwargs()))
+
+
+@pytest.fixture(scope="module")
+def server(engine):
+    with ServerThread(build_app(engine, served_model_name=MODEL_NAME)) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def greedy(offline, prompt, max_tokens: int, **kwargs):
+    return offline.generate([prompt], SamplingParams(max_tokens=max_tokens, **kwargs), use_tqdm=False)[0]
+
+
+def kv_in_use(engine) -> int:
+    """K/V held by requests: blocks where the engine has a block manager (m05 on), else m04's reserved slots."""
+    blocks = getattr(engine, "block_manager", None)
+    if blocks is not None:
+        free = blocks.num_free_blocks
+        return blocks.num_blocks - (free() if callable(free) else free)
+    return engine.scheduler.allocator.reserved_slots
+
+
+def wait_until_idle(engine, timeout_s: float = 30.0) -> None:
+    """Wait until the engine runs nothing and holds no K/V (aborts reach the engine thread between steps)."""
+    deadline = time.monotonic() + timeout_s
+    while engine.has_unfinished() or kv_in_use(engine):
+        assert time.monotonic() < deadline, f"engine still busy: {engine.scheduler.running}, K/V {kv_in_use(engine)}"
+        time.sleep(0.02)
+
+
+def scrape(server) -> dict[str, float]:
+    """/metrics parsed by prometheus_client's own parser: {"name{label=value}": value}."""
+    text = httpx.get(f"{server.url}/metrics").text
+    values = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
+            values[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
+    return values
+
+
+# --------------------------------------------------------------------------- the endpoints
+
+
+def test_models_and_health(server, client, engine):
+    models = client.models.list().data
+    assert [m.id for m in models] == [MODEL_NAME]
+    assert models[0].model_extra["max_model_len"] == MAX_MODEL_LEN
+    health = httpx.get(f"{server.url}/health")
+    assert health.status_code == 200 and health.json()["milestone"] == engine.milestone == "m09_server"
+
+
+def test_completion_matches_offline_generate(client, offline):
+    prompt = random_prompts(1, 12, 12, seed=3)[0]
+    expected = greedy(offline, prompt, 10, ignore_eos=True)
+    response = client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=10, temperature=0,
+                                         extra_body={"ignore_eos": True, "return_token_ids": True})
+    choice = response.choices[0]
+    assert choice.token_ids == expected.token_ids
+    assert choice.text == expected.text and choice.finish_reason == "length"
+    assert response.usage.prompt_tokens == 12 and response.usage.completion_tokens == 10
+    assert response.usage.prompt_tokens_details.cached_tokens == 0
+    assert response.id.startswith("cmpl-") and response.model == MODEL_NAME
+
+
+def test_streamed_completion_is_the_same_text_in_pieces(client, offline):
+    prompt = "The capital of France is"
+    expected = greedy(offline, prompt, 12, ignore_eos=True)
+    chunks = list(client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=12, temperature=0,
+                                            stream=True, stream_options={"include_usage": True},
+                                            extra_body={"ignore_eos": True, "return_token_ids": True}))
+    *token_chunks, usage_chunk = chunks
+    assert len(token_chunks) == 12  # one chunk per generated token
+    assert "".join(c.choices[0].text for c in token_chunks) == expected.text
+    assert [t for c in token_chunks for t in c.choices[0].token_ids] == expected.token_ids
+    assert [c.choices[0].finish_reason for c in token_chunks] == [None] * 11 + ["length"]
+    assert usage_chunk.choices == [] and usage_chunk.usage.completion_tokens == 12
+    assert not any("\ufffd" in c.choices[0].text for c in token_chunks)
+
+
+def test_chat_streaming_and_not(client, offline, engine):
+    messages = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Hi! 你好 🫠"}]
+    prompt_ids = engine.tokenizer.encode(engine.tokenizer.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=True), add_special_tokens=False)
+    expected = greedy(offline, prompt_ids, 8, ignore_eos=True)
+    response = client.chat.completions.create(model=MODEL_NAME, messages=messages, max_tokens=8, temperature=0,
+                                              extra_body={"ignore_eos": True})
+    assert response.choices[0].message.role == "assistant"
+    assert response.choices[0].message.content == expected.text
+    assert response.usage.prompt_tokens == len(prompt_ids) and response.usage.completion_tokens == 8
+    chunks = list(client.chat.completions.create(model=MODEL_NAME, messages=messages, max_tokens=8, temperature=0,
+                                                 stream=True, extra_body={"ignore_eos": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == expected.text
+    assert chunks[-1].choices[0].finish_reason == "length" and chunks[0].object == "chat.completion.chunk"
+
+
+def test_chat_without_max_tokens_stops_at_eos_or_the_context(client, engine):
+    response = client.chat.completions.create(model=MODEL_NAME, messages=[{"role": "user", "content": "Go on"}],
+                                              temperature=0, extra_body={"stop_token_ids": [IM_END]})
+    usage = response.usage
+    assert response.choices[0].finish_reason in ("stop", "length")
+    assert usage.prompt_tokens + usage.completion_tokens <= MAX_MODEL_LEN
+
+
+def test_sixty_four_concurrent_streams_match_offline(server, offline):
+    prompts = random_prompts(64, 2, 24, seed=5)
+    lengths = [1 + (i * 7) % 12 for i in range(64)]
+    expected = offline.generate(prompts, [SamplingParams(max_tokens=n, ignore_eos=True) for n in lengths],
+                                use_tqdm=False)
+
+    async def one(client, prompt, max_tokens):
+        stream = await client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=max_tokens,
+                                                 temperature=0, stream=True,
+                                                 extra_body={"ignore_eos": True, "return_token_ids": True})
+        return [t async for chunk in stream for t in chunk.choices[0].token_ids]
+
+    async def all_at_once():
+        async with openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0) as client:
+            return await asyncio.gather(*(one(client, p, n) for p, n in zip(prompts, lengths)))
+
+    assert asyncio.run(all_at_once()) == [o.token_ids for o in expected]
+
+
+def test_stop_strings_and_stop_token_ids(client, offline):
+    prompt = random_prompts(1, 10, 10, seed=9)[0]
+    expected = greedy(offline, prompt, 24, ignore_eos=True)
+    text = expected.text
+    start = next(i for i in range(len(text) // 3, len(text) - 2) if text.find(text[i:i + 2]) == i)
+    stop = text[start:start + 2]  # two characters from the middle, first occurring there
+    for stream in (False, True):
+        response = client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=24, temperature=0,
+                                             stop=[stop], stream=stream, extra_body={"ignore_eos": True})
+        pieces = [c.choices[0] for c in response] if stream else [response.choices[0]]
+        assert "".join(p.text for p in pieces) == text[:start]  # the stop string and its start never sent
+        assert pieces[-1].finish_reason == "stop"
+    stop_token = expected.token_ids[5]
+    response = client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=24, temperature=0,
+                                         extra_body={"ignore_eos": True, "stop_token_ids": [stop_token]})
+    assert response.choices[0].finish_reason == "stop"
+    assert response.usage.completion_tokens == expected.token_ids.index(stop_token) + 1
+
+
+def test_sampling_with_a_seed_is_reproducible(client):
+    kwargs = dict(model=MODEL_NAME, prompt="Once upon a time", max_tokens=8, temperature=1.0, top_p=0.9, seed=7,
+                  extra_body={"top_k": 50, "ignore_eos": True, "return_token_ids": True})
+    first = client.completions.create(**kwargs).choices[0].token_ids
+    assert client.completions.create(**kwargs).choices[0].token_ids == first
+
+
+# --------------------------------------------------------------------------- clients that leave
+
+
+@pytest.fixture
+def slow_aborts(engine, monkeypatch) -> list[str]:
+    """Steps slowed down (200 tokens take seconds), and every ``engine.abort`` call recorded: [request_id]."""
+    wait_until_idle(engine)
+    real_step, real_abort, aborted = engine.step, engine.abort, []
+
+    def slow_step():
+        time.sleep(0.03)
+        return real_step()
+
+    def recorded_abort(request_id):
+        aborted.append(request_id)
+        return real_abort(request_id)
+
+    monkeypatch.setattr(engine, "step", slow_step)
+    monkeypatch.setattr(engine, "abort", recorded_abort)
+    return aborted
+
+
+def test_disconnect_mid_stream_aborts_and_frees_the_blocks(server, engine, slow_aborts):
+    before = scrape(server)
+    body = {"prompt": [5, 6, 7, 8], "max_tokens": 200, "stream": True, "ignore_eos": True}
+    with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=60) as response:
+        lines = response.iter_lines()
+        assert next(line for line in lines if line.startswith("data:"))  # the first token arrived...
+        (running,) = engine.scheduler.running
+        assert kv_in_use(engine) > 0
+    # ... then the client hung up; the server aborts the request and its K/V comes back.
+    wait_until_idle(engine)
+    assert slow_aborts == [running.request_id] and len(running.output_token_ids) < 200
+    after = scrape(server)
+    assert after["nanoserve_kv_cache_blocks_free"] == after["nanoserve_kv_cache_blocks_total"]
+    assert after["nanoserve_requests_total{status=abort}"] == before["nanoserve_requests_total{status=abort}"] + 1
+
+
+def test_disconnect_while_waiting_for_a_non_streamed_answer_aborts(server, engine, slow_aborts):
+    body = json.dumps({"prompt": [5, 6, 7], "max_tokens": 200, "ignore_eos": True}).encode()
+    with socket.create_connection((server.host, server.port)) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        deadline = time.monotonic() + 30
+        while not engine.scheduler.running:  # the engine is working on it: hang up long before 200 tokens
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        (running,) = engine.scheduler.running
+    wait_until_idle(engine)
+    assert slow_aborts == [running.request_id] and len(running.output_token_ids) < 200
+
+
+# --------------------------------------------------------------------------- /metrics
+
+
+def test_metrics_count_the_requests_sent(server, client, engine):
+    wait_until_idle(engine)
+    before = scrape(server)
+    prompts = random_prompts(3, 4, 9, seed=13)
+    for prompt in prompts:
+        client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=5, temperature=0,
+                                  extra_body={"ignore_eos": True})
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(model=MODEL_NAME, prompt=prompts[0], max_tokens=0)
+    after = scrape(server)
+
+    def grew(name: str) -> float:
+        return after[name] - before.get(name, 0.0)
+
+    assert grew("nanoserve_requests_total{status=length}") == 3
+    assert grew("nanoserve_requests_total{status=rejected}") == 1
+    assert grew("nanoserve_prompt_tokens_total") == sum(len(p) for p in prompts)
+    assert grew("nanoserve_generation_tokens_total") == 15
+    assert grew("nanoserve_time_to_first_token_seconds_count") == 3
+    assert grew("nanoserve_inter_token_latency_seconds_count") == 3 * 4
+    assert grew("nanoserve_e2e_request_latency_seconds_count") == 3
+    assert after["nanoserve_num_requests_running"] == after["nanoserve_num_requests_waiting"] == 0
+    assert after["nanoserve_kv_cache_usage_ratio"] == 0.0
+
+
+# --------------------------------------------------------------------------- bad input
+
+BAD_COMPLETIONS = {
+    "wrong type": ({"prompt": "hi", "max_tokens": "many"}, 400, "max_tokens"),
+    "missing prompt": ({"max_tokens": 4}, 400, "prompt"),
+    "max_tokens 0": ({"prompt": "hi", "max_tokens": 0}, 400, "max_tokens"),
+    "max_tokens negative": ({"prompt": "hi", "max_tokens": -3}, 400, "max_tokens"),
+    "max_tokens past the context": ({"prompt": "hi", "max_tokens": MAX_MODEL_LEN}, 400, "max_tokens"),
+    "empty prompt": ({"prompt": ""}, 400, "prompt"),
+    "empty token list": ({"prompt": []}, 400, "prompt"),
+    "prompt longer than max_model_len": ({"prompt": [5] * (MAX_MODEL_LEN + 1)}, 400, "prompt"),
+    "unknown model": ({"model": "gpt-9", "prompt": "hi"}, 404, "model"),
+    "negative temperature": ({"prompt": "hi", "temperature": -0.5}, 400, "temperature"),
+    "top_p zero": ({"prompt": "hi", "top_p": 0}, 400, "top_p"),
+    "top_p above one": ({"prompt": "hi", "top_p": 1.5}, 400, "top_p"),
+    "n=2": ({"prompt": "hi", "n": 2}, 400, "n"),
+    "token id outside the vocabulary": ({"prompt": [5, 10**9]}, 400, None),
+    "empty stop string": ({"prompt": "hi", "stop": [""]}, 400, "stop"),
+    "echo": ({"prompt": "hi", "echo": True}, 400, None),
+    "seed past 64 bits": ({"prompt": "hi", "seed": 2**64}, 400, "seed"),
+}
+BAD_CHATS = {
+    "empty messages": ({"messages": []}, 400, "messages"),
+    "missing messages": ({"max_tokens": 3}, 400, "messages"),
+    "unknown role": ({"messages": [{"role": "wizard", "content": "hi"}]}, 400, "messages.0.role"),
+    "unknown model": ({"model": "gpt-9", "messages": [{"role": "user", "content": "hi"}]}, 404, "model"),
+}
+
+
+def assert_openai_error(response: httpx.Response, status: int, param: str | None) -> None:
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["message"]
+    if param is not None:
+        assert error["param"] == param, error
+
+
+@pytest.mark.parametrize("case", list(BAD_COMPLETIONS))
+def test_bad_completion_requests_get_an_openai_error(server, case):
+    body, status, param = BAD_COMPLETIONS[case]
+    assert_openai_error(httpx.post(f"{server.url}/v1/completions", json=body), status, param)
+
+
+@pytest.mark.parametrize("case", list(BAD_CHATS))
+def test_bad_chat_requests_get_an_openai_error(server, case):
+    body, status, param = BAD_CHATS[case]
+    assert_openai_error(httpx.post(f"{server.url}/v1/chat/completions", json=body), status, param)
+
+
+def test_malformed_json_and_a_body_that_is_not_an_object(server, client):
+    for content in (b'{"prompt": "hi", ', b'["prompt"]'):
+        response = httpx.post(f"{server.url}/v1/completions", content=content,
+                              headers={"Content-Type": "application/json"})
+        assert_openai_error(response, 400, None)
+    assert response.json()["error"]["type"] == "invalid_request_error"
+    # ... and the server keeps serving.
+    assert client.completions.create(model=MODEL_NAME, prompt="still there?", max_tokens=2).usage.completion_tokens >= 1
+
+
+def test_the_openai_client_sees_a_bad_request_error(client):
+    with pytest.raises(openai.BadRequestError, match="temperature"):
+        client.completions.create(model=MODEL_NAME, prompt="hi", temperature=-1)
+    with pytest.raises(openai.NotFoundError, match="does not exist"):
+        client.chat.completions.create(model="gpt-9", messages=[{"role": "user", "content": "hi"}])
+
+
+# --------------------------------------------------------------------------- an engine that fails
+
+
+def test_engine_exception_fails_the_requests_it_touched_and_serving_goes_on(server, client, engine, monkeypatch):
+    wait_until_idle(engine)
+    real_step = engine.step
+    failures = []
+
+    def failing_step():
+        outputs = real_step()  # the request is admitted and holds K/V ...
+        if len(failures) < 2:
+            failures.append(1)
+            raise RuntimeError("injected failure")  # ... when the step blows up
+        return outputs
+
+    monkeypatch.setattr(engine, "step", failing_step)
+    response = httpx.post(f"{server.url}/v1/completions", json={"prompt": [5, 6], "max_tokens": 50}, timeout=60)
+    assert_openai_error(response, 500, None)
+    assert "injected failure" in response.json()["error"]["message"]
+    with pytest.raises(openai.APIError, match="injected failure"):
+        list(client.completions.create(model=MODEL_NAME, prompt=[7, 8], max_tokens=50, stream=True))
+    wait_until_idle(engine)  # both were aborted: their K/V is back
+    assert client.completions.create(model=MODEL_NAME, prompt=[9, 10], max_tokens=3).usage.completion_tokens >= 1
+    assert scrape(server)["nanoserve_requests_total{status=error}"] >= 2
+
+
+# --------------------------------------------------------------------------- shutdown
+
+
+def test_graceful_shutdown_finishes_short_requests_and_aborts_long_ones(chat_checkpoint, tokenizer_cache):
+    engine = LLMEngine(EngineConfig(model=str(chat_checkpoint), device="cpu", **engine_kwargs(max_num_seqs=4)))
+    real_step = engine.step
+
+    def slow_step():
+        time.sleep(0.02)  # so that 200 tokens take seconds, far past the grace period
+        return real_step()
+
+    engine.step = slow_step
+    server = ServerThread(build_app(engine), graceful_shutdown_s=1.5).start()
+    results, started = {}, threading.Barrier(3)
+
+    def stream(name: str, max_tokens: int) -> None:
+        body = {"prompt": [5, 6, 7], "max_tokens": max_tokens, "ignore_eos": True, "stream": True}
+        chunks = 0
+        try:
+            with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=60) as response:
+                for line in response.iter_lines():
+                    if line.startswith("data: {"):
+                        chunks += 1
+                        if chunks == 1:
+                            started.wait()
+                    if line == "data: [DONE]":
+                        results[name] = ("done", chunks)
+                        return
+        except httpx.HTTPError:
+            pass
+        results[name] = ("cut", chunks)
+
+    clients = [threading.Thread(target=stream, args=(name, n)) for name, n in (("short", 6), ("long", 200))]
+    for thread in clients:
+        thread.start()
+    started.wait()  # both are streaming
+    server.stop()
+    for thread in clients:
+        thread.join()
+    assert results["short"] == ("done", 6)
+    assert results["long"][0] == "cut" and results["long"][1] < 200
+    assert not engine.has_unfinished() and kv_in_use(engine) == 0
+    assert not server.thread.is_alive()
+
+
+# --------------------------------------------------------------------------- the CLI and the demo
+
+
+def test_cli_maps_vllm_flags_and_refuses_the_ones_the_engine_lacks(capsys):
+    from milestones.m09_server.cli import engine_config, serve_parser
+
+    @dataclasses.dataclass
+    class SmallConfig:
+        model: str = "tiny"
+        max_num_seqs: int = 8
+        enable_prefix_caching: bool = True
+
+    parser = serve_parser("serve")
+    args = parser.parse_args(["--model", "x", "--max-num-seqs", "3", "--no-enable-prefix-caching"])
+    assert engine_config(SmallConfig, args, parser) == SmallConfig("x", 3, False)
+    args = parser.parse_args(["--block-size", "16"])
+    with pytest.raises(SystemExit):
+        engine_config(SmallConfig, args, parser)
+    assert "--block-size is not supported by this engine" in capsys.readouterr().err
+
+
+def test_demo_serves_the_same_text_as_offline_and_prints_the_table(capsys):
+    from milestones.m09_server.__main__ import main
+
+    rows = main(["--device", "cpu", "--num-requests", "4", "--prompt-len", "8", "--max-tokens", "4",
+                 "--max-model-len", "64"])
+    out = capsys.readouterr().out
+    assert "TTFT includes queueing" in out and "E2E p99 (ms)" in out
+    assert "server text identical to offline generate (greedy): yes" in out
+    assert "curl -N http://127.0.0.1:8000/v1/chat/completions" in out
+    offline, online = rows
+    assert offline["output tokens"] == online["output tokens"] == 16
+    assert online["TTFT p50 (ms)"] > 0 and not math.isnan(online["output tok/s"])
+
+
+# --------------------------------------------------------------------------- the online benchmark
+
+
+def test_reliability_run_with_disconnecting_clients(server, engine):
+    from benchmarks.online import reliability_run
+
+    wait_until_idle(engine)
+    requests = [(prompt, 3 + i % 10) for i, prompt in enumerate(random_prompts(24, 2, 20, seed=17))]
+    report = reliability_run(server.url, MODEL_NAME, requests, disconnect_fraction=0.25, seed=1, progress=False)
+    assert report["disconnected"] >= 3 and report["server_errors"] == 0
+    assert report["completed_full_length"] == 24 - report["disconnected"]
+    assert report["kv_blocks_free_after"] == report["kv_blocks_total"] > 0
+    assert report["answers_after"] and report["passed"]
+
+
+def test_online_benchmark_serves_a_milestone_and_writes_json(tmp_path, tokenizer_cache):
+    from benchmarks.online import main as online
+
+    (result,) = online(["--milestone", "m09", "--model", "tiny", "--device", "cpu", "--workload", "offline",
+                        "--max-requests", "4", "--max-tokens", "3", "--rates", "inf,50", "--offline-reference",
+                        "--max-num-seqs", "4", "--out-dir", str(tmp_path), "--no-progress"])
+    saved = json.loads((tmp_path / "cpu" / "online_m09_offline.json").read_text())
+    assert saved["milestone"] == "m09_server" and saved["engine_config"]["max_num_seqs"] == 4
+    assert saved["workload"]["slice"]["num_requests_run"] == 4 and saved["env"]["source_sha256"]
+    assert [run["rate"] for run in saved["runs"]] == ["inf", 50.0]
+    for run in saved["runs"]:
+        summary = run["summary"]
+        assert summary["completed_full_length"] == 4 and summary["output_tokens"] == 12 and summary["errors"] == 0
+        assert summary["ttft_p50_s"] <= summary["ttft_p99_s"] and summary["itl_p50_s"] > 0
+        assert run["server_after"]["kv_cache_blocks_free"] == run["server_after"]["kv_cache_blocks_total"]
+    assert saved["offline_reference"]["output_tokens"] == 12 and saved["burst_vs_offline"] > 0
+    assert result["runs"][0]["summary"] == saved["runs"][0]["summary"]
