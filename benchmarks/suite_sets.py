@@ -199,4 +199,18 @@ SETS: dict[str, list[Entry]] = {
         Compare(budgets("m07", (None, 2048, 512, 256)), "chunked", run_s=10),
         Compare(budgets("m07", (None, 2048, 512, 256)), "chunked-long", run_s=15),
     ],
+    # ---- the three calls of the m05-m10 session, each sized for one ~560 s call on a slow host (eager step
+    # ~25 ms). Every engine is gated first. m03-m06 on offline in one interleaved comparison gives issue 7's
+    # m04/m03 and issue 8's m05/m04 and m06/m04 from the same call.
+    "call-a": [
+        Compare(("m03", "m04", "m05", "m06"), "offline", run_s=(13, 13, 13, 13)),
+        Compare(("m04", "m05"), "memory-bound", run_s=(20, 10)),
+        Compare(("m05", "m06"), "prefix", run_s=(3, 2)),
+        Compare(("m05", "m06"), "prefix-large", run_s=(9, 3)),
+    ],
+    "call-b": [
+        Compare(budgets("m07", (None, 2048, 512, 256)), "chunked-long", run_s=(6, 7, 8, 10)),
+        Compare(budgets("m07", (None, 512)), "chunked", run_s=(4, 5)),
+        Compare(("m07", "m08", "m10"), "nanovllm", run_s=(40, 30, 11), build_s=8),
+    ],
 }

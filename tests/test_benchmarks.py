@@ -129,13 +129,13 @@ def test_nanovllm_is_nano_vllms_own_benchmark():
 
 def test_memory_bound_shape():
     wl = get_workload("memory-bound")
-    assert wl.num_requests == 128 and wl.max_num_seqs == 256
-    assert wl.client == "abort" and wl.needs_step_api and wl.kv_budget_gib == 2.0
+    assert wl.num_requests == 96 and wl.max_num_seqs == 256
+    assert wl.client == "abort" and wl.needs_step_api and wl.kv_budget_gib == 4.0
     assert all(r.max_tokens == 1024 and 8 <= r.stop_after <= 1024 for r in wl.requests)
     assert all(100 <= r.prompt_len <= 1024 for r in wl.requests)
     assert 100 <= statistics.median(r.stop_after for r in wl.requests) <= 220  # lognormal, median ~150
     assert wl.output_tokens == sum(r.stop_after for r in wl.requests) < sum(r.max_tokens for r in wl.requests)
-    assert wl.describe()["kv_budget_gib"] == 2.0
+    assert wl.describe()["kv_budget_gib"] == 4.0
 
 
 def test_slices_are_documented_and_recorded():
