@@ -96,11 +96,11 @@ class LLMEngine(StaticBatchingEngine):
                 if request.is_finished:
                     on_finish(request)
 
-    def make_request(self, prompt, params: SamplingParams) -> Request:
-        request = super().make_request(prompt, params)
+    def make_request(self, prompt, params: SamplingParams, where: str = "prompt") -> Request:
+        request = super().make_request(prompt, params, where)
         if kv_slots_needed(request) > self.kv_pool.capacity:
             raise ValueError(
-                f"request {request.request_id}: needs {kv_slots_needed(request)} K/V slots (prompt + max_tokens "
+                f"{where}: needs {kv_slots_needed(request)} K/V slots (prompt + max_tokens "
                 f"- 1) but the pool holds {self.kv_pool.capacity}; raise kv_cache_tokens or lower max_tokens"
             )
         return request
