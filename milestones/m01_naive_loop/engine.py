@@ -76,11 +76,17 @@ class LLMEngine:
 
         ``prompts`` are strings or lists of token ids; ``sampling_params`` is one ``SamplingParams`` for all
         or one per prompt. Every prompt is validated before any work starts, so bad input costs nothing.
+        If the run is interrupted (Ctrl-C, or a forward pass that raises), its requests are aborted and give
+        back what they hold before the exception goes on, so the engine stays usable.
         """
         requests = self.make_requests(prompts, sampling_params)
         self.stats = self.new_stats()
         with tqdm(total=len(requests), desc=self.milestone, unit="req", disable=not use_tqdm) as bar:
-            self.run(requests, on_finish=lambda _: bar.update(1))
+            try:
+                self.run(requests, on_finish=lambda _: bar.update(1))
+            except BaseException:  # KeyboardInterrupt too: the caller may catch it and keep using the engine
+                self.abort_requests(requests)
+                raise
         return [self.make_output(r) for r in requests]
 
     # ------------------------------------------------------------------ scheduling (overridden later)
@@ -91,6 +97,18 @@ class LLMEngine:
             self.generate_one(request)
             self.sampler.release(request)
             on_finish(request)
+
+    def abort_requests(self, requests: list[Request]) -> None:
+        """Give back what the requests of an interrupted ``run`` hold; m01 and m02 hold only sampler state.
+
+        Later milestones hold more (queue places, K/V) and extend this; it must work whatever point the
+        run reached, including requests that finished, or never started.
+        """
+        now = time.perf_counter()
+        for request in requests:
+            if not request.is_finished:
+                request.finish(now, "abort")
+            self.sampler.release(request)
 
     def generate_one(self, request: Request) -> None:
         """m01: every step runs the model over every token of the sequence."""
