@@ -3,37 +3,92 @@
 A demo parses a few flags, builds one engine per milestone it compares, runs the same prompts through each,
 and prints a table. The pieces, in the order a demo uses them:
 
-* ``demo_parser``: ``--model``, ``--device``, ``--dtype``, ``--seed``; the demo adds its own knobs.
+* ``demo_parser``: ``--model``, ``--device``, ``--dtype``, ``--seed``, ``--repeats``, ``--threads``; the demo
+  adds its own knobs, typed with ``positive_int`` / ``positive_int_list``, and reads them with
+  ``parse_args`` (then ``check_min_max``), so a bad flag is one argparse line, never a traceback.
+* ``exit_on_bad_input``: around building the engines and ``check_cases``: a ``ValueError`` (an unreachable
+  model, a prompt longer than the model takes) becomes one ``error:`` line and exit status 2.
 * ``engine_config``: an ``EngineConfig`` (or a later milestone's subclass) from those flags plus knobs.
 * ``random_prompts``: seeded prompts of random token ids, so every engine sees exactly the same work.
-* ``measure``: one timed ``generate`` call -> one table row (a dict whose keys are the column names).
-* ``print_table``, ``print_speedup``, ``same_tokens``: show the rows, the ratios, and whether the engines agreed.
+* ``Case``, ``check_cases``, ``measure``: one table row per case (an engine with its prompts), timed
+  ``--repeats`` times in interleaved rounds after a warm-up; the timings shown are medians.
+* ``print_table``, ``print_speedup``, ``same_tokens``: show the rows, the ratios (with their spread over
+  the rounds), and whether the engines agreed.
 
-Keys of a row that start with ``_`` are not shown: ``_outputs`` holds the ``RequestOutput``s and ``_stats``
-the engine's ``EngineStats``, for checks rather than for reading.
+Why repeats and interleaving: one timed run on a shared CPU is noise (the same m02-vs-m01 demo printed 9.6x,
+2.0x, 5.0x and 2.0x on four runs). Rounds run A, B, A, B, ... so that a slow spell of the machine hits every
+case alike, and a ratio is taken within each round, then the median and the min-max over rounds are printed.
+
+Keys of a row that start with ``_`` are not shown: ``_outputs`` holds the ``RequestOutput``s of the first
+round, ``_stats`` the engine's ``EngineStats`` and ``_runs`` the timings of every round.
 """
 
 from __future__ import annotations
 
 import argparse
 import random
+import statistics
+import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 from tabulate import tabulate
+from tqdm.auto import tqdm
 
 from .metrics import summarize
 from .sampling_params import SamplingParams
 
 NUM_BPE_TOKENS = 151_643  # Qwen's ids above this are special tokens (EOS among them): keep prompts below it
 MiB = 1024 * 1024
+DEFAULT_REPEATS = 3
+TIMED_COLUMNS = ("wall s", "output tok/s", "TTFT p50 (ms)", "ms/token (mean ITL)")  # medians over the rounds
+TTFT_NOTE = ("TTFT counts from the moment generate() was called, so it includes the time a request waited "
+             "for the requests ahead of it (queueing), not only its own prefill.")
+
+# --------------------------------------------------------------------------- flags
+
+
+def positive_int(text: str) -> int:
+    """argparse ``type=`` for counts and lengths: an integer >= 1, else a one-line usage error."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    """argparse ``type=`` for seeds: an integer >= 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
+    return value
+
+
+def positive_int_list(text: str) -> list[int]:
+    """argparse ``type=`` for ``"32,256,1024"``: comma-separated integers >= 1."""
+    parts = [p.strip() for p in text.split(",")]
+    try:
+        return [positive_int(p) for p in parts]
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated positive integers such as 32,256,1024, got {text!r}") from None
 
 
 def demo_parser(description: str, prog: str | None = None) -> argparse.ArgumentParser:
     """An ``ArgumentParser`` with the flags every demo takes; add the milestone's knobs to it.
 
-    ``prog`` is the name ``--help`` shows, e.g. ``"python -m milestones.m02_kv_cache"``.
+    ``prog`` is the name ``--help`` shows, e.g. ``"python -m milestones.m02_kv_cache"``. Give every flag a
+    ``help`` text: ``ArgumentDefaultsHelpFormatter`` shows a flag's default only where it has one.
     """
     parser = argparse.ArgumentParser(prog=prog, description=description,
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -42,8 +97,43 @@ def demo_parser(description: str, prog: str | None = None) -> argparse.ArgumentP
                              "such as Qwen/Qwen3-0.6B")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     parser.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16")
-    parser.add_argument("--seed", type=int, default=0, help="seeds random weights and random prompts")
+    parser.add_argument("--seed", type=non_negative_int, default=0, help="seeds random weights and random prompts")
+    parser.add_argument("--repeats", type=positive_int, default=DEFAULT_REPEATS,
+                        help="timed runs per row, after a warm-up; the table shows their median")
+    parser.add_argument("--threads", type=non_negative_int, default=1,
+                        help="torch's CPU threads; one keeps CPU timings steady on a busy machine (two threads "
+                             "spinning against another process can be 10x slower); 0: torch's default")
     return parser
+
+
+def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """``parser.parse_args(argv)``, then apply the one process-wide flag, ``--threads``."""
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    return args
+
+
+def check_min_max(parser: argparse.ArgumentParser, args: argparse.Namespace, low: str, high: str) -> None:
+    """``parser.error`` unless ``args.<low> <= args.<high>`` (attribute names, e.g. "min_tokens")."""
+    if getattr(args, low) > getattr(args, high):
+        flag = lambda name: "--" + name.replace("_", "-")  # noqa: E731
+        parser.error(f"{flag(low)} ({getattr(args, low)}) is above {flag(high)} ({getattr(args, high)})")
+
+
+@contextmanager
+def exit_on_bad_input(parser: argparse.ArgumentParser) -> Iterator[None]:
+    """Turn a ``ValueError`` into one line on stderr and exit status 2, as argparse does for a bad flag.
+
+    Wrap only what refuses bad input: building the engines (an unknown or unreachable model, a bad device)
+    and ``check_cases`` (a prompt the engine will not take). A ``ValueError`` from deeper in a run would be
+    a bug, and should keep its traceback.
+    """
+    try:
+        yield
+    except ValueError as error:
+        print(f"{parser.prog}: error: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def engine_config(config_cls, args: argparse.Namespace, **knobs):
@@ -58,6 +148,29 @@ def random_prompts(vocab_size: int, num: int, min_len: int, max_len: int, seed: 
     return [[rng.randrange(top) for _ in range(rng.randint(min_len, max_len))] for _ in range(num)]
 
 
+# --------------------------------------------------------------------------- measuring
+
+
+@dataclass
+class Case:
+    """One row of a demo's table: ``engine.generate(prompts, params)``, labelled ``label``."""
+
+    label: str
+    engine: Any
+    prompts: Sequence
+    params: SamplingParams | Sequence[SamplingParams]
+
+
+def check_cases(cases: Sequence[Case]) -> None:
+    """Validate every case's prompts with its engine, doing no work. A ``ValueError`` names the case and the
+    bad prompt's index in it, e.g. "m02_kv_cache: prompt 3: ..." (never the warm-up, which runs after this)."""
+    for case in cases:
+        try:
+            case.engine.make_requests(case.prompts, case.params)
+        except ValueError as error:
+            raise ValueError(f"{case.label}: {error}") from None
+
+
 def _sync(engine) -> None:
     """Wait for the GPU: its kernels run asynchronously, so a clock read without this measures too little."""
     if engine.device.type == "cuda":
@@ -68,29 +181,76 @@ def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else seconds * 1000
 
 
-def measure(engine, prompts: Sequence, params: SamplingParams, label: str, warmup: bool = True) -> dict:
-    """Run ``engine.generate(prompts, params)`` once, timed, and return one table row.
+def _warm_up(case: Case) -> None:
+    """A short untimed request, so one-off costs (the first CUDA kernel launches, allocator growth) are not
+    charged to the first timed run. Built from the case's first request, so it is valid whenever that is:
+    at most 16 of its prompt tokens and at most its ``max_tokens`` (2 when it allows that)."""
+    first = case.engine.make_requests(case.prompts, case.params)[0]
+    params = SamplingParams(max_tokens=min(2, first.params.max_tokens), ignore_eos=True)
+    case.engine.generate([first.prompt_token_ids[:16]], params, use_tqdm=False)
 
-    With ``warmup`` a two-token request runs first (no progress bar), so one-off costs such as the first
-    CUDA kernel launches are not charged to the measured run.
-    """
-    if warmup:
-        engine.generate([prompts[0]], SamplingParams(max_tokens=2, ignore_eos=True), use_tqdm=False)
-    _sync(engine)
+
+def _timed_run(case: Case) -> tuple[dict, list, Any]:
+    """One timed ``generate``: (its timings keyed like the table's columns, the outputs, the engine's stats)."""
+    _sync(case.engine)
     start = time.perf_counter()
-    outputs = engine.generate(prompts, params)
-    _sync(engine)
+    outputs = case.engine.generate(case.prompts, case.params, use_tqdm=False)
+    _sync(case.engine)
     summary = summarize(outputs, time.perf_counter() - start)
-    stats = engine.stats
-    row = {
-        "label": label,
-        "requests": summary["num_requests"],
-        "prompt tokens": summary["prompt_tokens"],
-        "output tokens": summary["output_tokens"],
+    timings = {
         "wall s": summary["wall_time_s"],
         "output tok/s": summary["output_tokens_per_s"],
         "TTFT p50 (ms)": _ms(summary["ttft_p50_s"]),
         "ms/token (mean ITL)": _ms(summary["itl_mean_s"]),
+    }
+    return timings, outputs, case.engine.stats
+
+
+def _median(values: list[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return statistics.median(present) if present else None
+
+
+def measure(cases: Sequence[Case], repeats: int = DEFAULT_REPEATS, warmup: bool = True) -> list[dict]:
+    """Time every case ``repeats`` times and return one table row per case (a dict keyed by column name).
+
+    First every case is validated (``check_cases``), then each engine gets one short warm-up, then the
+    cases run in rounds: A, B, C, A, B, C, ... The timing columns hold the median over the rounds;
+    ``row["_runs"]`` keeps every round's timings, so ratios can be taken within a round (``speedup``).
+    Counters (tokens computed, K/V) do not depend on timing and come from the last round.
+    """
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    check_cases(cases)
+    if warmup:
+        warmed: set[int] = set()
+        for case in cases:
+            if id(case.engine) not in warmed:
+                _warm_up(case)
+                warmed.add(id(case.engine))
+    runs: list[list[dict]] = [[] for _ in cases]
+    first_outputs: list[list] = [[] for _ in cases]
+    last_stats: list[Any] = [None for _ in cases]
+    with tqdm(total=repeats * len(cases), desc="measuring", unit="run") as bar:
+        for round_index in range(repeats):
+            for i, case in enumerate(cases):
+                timings, outputs, stats = _timed_run(case)
+                runs[i].append(timings)
+                if round_index == 0:
+                    first_outputs[i] = outputs
+                last_stats[i] = stats
+                bar.update(1)
+    return [_row(case, case_runs, outputs, stats)
+            for case, case_runs, outputs, stats in zip(cases, runs, first_outputs, last_stats)]
+
+
+def _row(case: Case, runs: list[dict], outputs: list, stats) -> dict:
+    row = {
+        "label": case.label,
+        "requests": len(outputs),
+        "prompt tokens": sum(len(o.prompt_token_ids) for o in outputs),
+        "output tokens": sum(len(o.token_ids) for o in outputs),
+        **{column: _median([run[column] for run in runs]) for column in TIMED_COLUMNS},
         "tokens computed": stats.tokens_computed,
         "useful fraction": stats.useful_token_fraction,
     }
@@ -99,16 +259,29 @@ def measure(engine, prompts: Sequence, params: SamplingParams, label: str, warmu
         row["KV used peak (MiB)"] = stats.kv_used_peak_bytes / MiB
     row["_outputs"] = outputs
     row["_stats"] = stats
+    row["_runs"] = runs
     return row
 
 
+# --------------------------------------------------------------------------- showing
+
+
 def print_table(rows: list[dict], title: str, columns: Sequence[str] | None = None) -> None:
-    """Print ``rows`` under ``title``; columns are every public key in first-seen order unless given."""
+    """Print ``rows`` under ``title``; columns are every public key in first-seen order unless given.
+
+    Below the table, a note on how the timings were taken (for rows from ``measure``) and on what TTFT
+    includes (wherever a TTFT column is shown).
+    """
     if columns is None:
         columns = list(dict.fromkeys(k for row in rows for k in row if not k.startswith("_")))
     body = [[_cell(row.get(c)) for c in columns] for row in rows]
     print(f"\n{title}")
     print(tabulate(body, headers=columns, disable_numparse=True, colalign=["left"] + ["right"] * (len(columns) - 1)))
+    rounds = {len(row["_runs"]) for row in rows if "_runs" in row}
+    if rounds:
+        print(f"Timings: the median of {max(rounds)} interleaved runs per row, after a warm-up.")
+    if any(c.startswith("TTFT") for c in columns):
+        print(TTFT_NOTE)
 
 
 def _cell(value) -> str:
@@ -123,24 +296,54 @@ def _cell(value) -> str:
     return str(value)
 
 
-def speedup(rows: list[dict], base_label: str, metric: str, lower_is_better: bool = False) -> dict[str, float]:
-    """How many times better than the ``base_label`` row every other row is on ``metric``: {label: ratio}.
+@dataclass(frozen=True)
+class Ratio:
+    """A ratio taken in each round: its median and its range over the rounds."""
 
-    Rows where either value is missing or zero (e.g. no inter-token latency with ``max_tokens=1``) are left out.
+    median: float
+    low: float
+    high: float
+
+    def __str__(self) -> str:
+        if f"{self.low:.1f}" == f"{self.high:.1f}":
+            return f"{self.median:.1f}x"
+        return f"{self.median:.1f}x (runs: {self.low:.1f}x-{self.high:.1f}x)"
+
+
+def _per_round(row: dict, metric: str) -> list:
+    """``metric`` in every round for a timing column, else the row's single value."""
+    if metric in TIMED_COLUMNS and "_runs" in row:
+        return [run[metric] for run in row["_runs"]]
+    return [row.get(metric)]
+
+
+def speedup(rows: list[dict], base_label: str, metric: str, lower_is_better: bool = False) -> dict[str, Ratio]:
+    """How many times better than the ``base_label`` row every other row is on ``metric``: {label: Ratio}.
+
+    For a timing, the ratio is taken within each round (both rows ran back to back), then summarised.
+    Rounds where either value is missing or zero (e.g. no inter-token latency with ``max_tokens=1``) are
+    left out, and so is a row with no usable round.
     """
-    base = next(row for row in rows if row["label"] == base_label).get(metric)
-    return {row["label"]: (base / row[metric] if lower_is_better else row[metric] / base)
-            for row in rows if row["label"] != base_label and base and row.get(metric)}
+    base = _per_round(next(row for row in rows if row["label"] == base_label), metric)
+    ratios = {}
+    for row in rows:
+        if row["label"] == base_label:
+            continue
+        pairs = [(b, v) for b, v in zip(base, _per_round(row, metric)) if b and v]
+        values = [(b / v if lower_is_better else v / b) for b, v in pairs]
+        if values:
+            ratios[row["label"]] = Ratio(statistics.median(values), min(values), max(values))
+    return ratios
 
 
-def print_speedup(rows: list[dict], base_label: str, metric: str, lower_is_better: bool = False) -> dict[str, float]:
-    """Print one line per row, e.g. ``m02_kv_cache: 7.9x lower ms/token than m01_naive_loop``; return the ratios."""
+def print_speedup(rows: list[dict], base_label: str, metric: str, lower_is_better: bool = False) -> dict[str, Ratio]:
+    """Print one line per row, e.g. ``m02_kv_cache: 7.9x (runs: 7.1x-8.4x) lower ms/token than m01``."""
     ratios = speedup(rows, base_label, metric, lower_is_better)
     for label, ratio in ratios.items():
         if lower_is_better:
-            print(f"{label}: {ratio:.1f}x lower {metric} than {base_label}")
+            print(f"{label}: {ratio} lower {metric} than {base_label}")
         else:
-            print(f"{label}: {ratio:.1f}x the {metric} of {base_label}")
+            print(f"{label}: {ratio} the {metric} of {base_label}")
     return ratios
 
 
