@@ -71,7 +71,14 @@ BAD_FLAGS = [
     ("m04_continuous_batching", ["--long-every", "0"], "--long-every"),
     ("m04_continuous_batching", ["--num-prompts", "zero"], "'zero'"),
     ("m04_continuous_batching", ["--short-tokens", "-1"], "--short-tokens"),
+    ("m05_paged_blocks", ["--kv-cache-memory", "-1"], "--kv-cache-memory"),
+    ("m05_paged_blocks", ["--kv-cache-memory", "nan"], "--kv-cache-memory"),
+    ("m07_chunked_prefill", ["--budgets", "0,256"], "--budgets"),
+    ("m08_triton_kernel", ["--shapes", "16x"], "'16x'"),
+    ("m09_server", ["--rate", "0"], "--rate"),
+    ("m10_cuda_graphs", ["--step-repeats", "0"], "--step-repeats"),
 ]
+BAD_FLAGS = [case for case in BAD_FLAGS if case[0] in DEMOS]
 
 
 @pytest.mark.parametrize("name, argv, fragment", BAD_FLAGS, ids=[f"{n[:3]}{' '.join(a)}" for n, a, _ in BAD_FLAGS])

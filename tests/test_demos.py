@@ -14,8 +14,8 @@ from conftest import VOCAB
 
 from milestones.m01_naive_loop import SamplingParams
 from milestones.m01_naive_loop.__main__ import main as m01_demo
-from milestones.m01_naive_loop.demo import (TTFT_NOTE, Case, Ratio, demo_parser, measure, parse_args, print_table,
-                                            random_prompts, speedup)
+from milestones.m01_naive_loop.demo import (TTFT_NOTE, Case, Ratio, demo_parser, interleaved_rounds, measure,
+                                            parse_args, print_table, random_prompts, speedup)
 from milestones.m02_kv_cache.__main__ import main as m02_demo
 from milestones.m03_static_batching.__main__ import main as m03_demo
 from milestones.m04_continuous_batching.__main__ import main as m04_demo
@@ -165,3 +165,36 @@ def test_measure_interleaves_the_cases(tied_checkpoint, engine_factory):
     assert runs == ["A", "B"] + ["A", "B"] * 3  # one warm-up each, then A, B in every round
     assert [len(r["_runs"]) for r in rows] == [3, 3]
     assert rows[0]["_outputs"][0].token_ids == rows[1]["_outputs"][0].token_ids
+
+
+def test_measure_starts_every_round_with_an_empty_prefix_cache(tied_checkpoint, engine_factory):
+    """Round 2 must not find round 1's prompts cached (nor the warm-up's): it computes what round 1 did."""
+    import importlib.util
+
+    if importlib.util.find_spec("milestones.m06_prefix_cache") is None:
+        pytest.skip("no m06 yet")
+    engine = engine_factory("m06_prefix_cache", tied_checkpoint[0], max_num_seqs=4, kv_cache_tokens=1024)
+    shared = list(range(10, 58))  # three full blocks of 16 shared by every prompt
+    prompts = [shared + [100 + i, 200 + i] for i in range(4)]
+    (row,) = measure([Case("m06", engine, prompts, SamplingParams(max_tokens=2, ignore_eos=True))], repeats=2)
+    first, second = (run["_stats"] for run in row["_runs"])
+    assert first.prompt_tokens_computed == second.prompt_tokens_computed < sum(len(p) for p in prompts)
+    assert first.prefix_cache_hit_rate == second.prefix_cache_hit_rate > 0  # prompts 1-3 hit prompt 0's blocks
+    assert engine.reset_prefix_cache() is True and engine.block_manager.cached_blocks == {}
+
+
+def test_interleaved_rounds_keeps_counters_and_takes_the_median_of_timings():
+    calls = []
+
+    def run(label, times):
+        def one_round():
+            calls.append(label)
+            return {"label": label, "steps": 7, "wall s": times[len([c for c in calls if c == label]) - 1],
+                    "note": "x", "_outputs": [label]}
+        return one_round
+
+    a, b = interleaved_rounds([run("a", [3.0, 1.0, 2.0]), run("b", [5.0, 5.0, 9.0])], repeats=3)
+    assert calls == ["a", "b"] * 3
+    assert (a["wall s"], b["wall s"]) == (2.0, 5.0)
+    assert a["steps"] == 7 and type(a["steps"]) is int and a["note"] == "x" and a["_outputs"] == ["a"]
+    assert [r["wall s"] for r in b["_runs"]] == [5.0, 5.0, 9.0]

@@ -8,6 +8,7 @@ gives transformers' tokens. Later milestones inherit this from m01's ``generate`
 
 from __future__ import annotations
 
+import importlib.util
 from contextlib import contextmanager
 
 import pytest
@@ -48,6 +49,10 @@ def assert_idle(engine) -> None:
     if scheduler is not None:  # m04 on
         assert not engine.has_unfinished()
         assert not scheduler.waiting and not scheduler.running
+    block_manager = getattr(engine, "block_manager", None)
+    if block_manager is not None:  # m05 on: paged blocks
+        assert block_manager.num_used_blocks == 0 and block_manager.block_tables == {}
+    elif scheduler is not None:  # m04: contiguous regions
         assert scheduler.allocator.reserved_slots == 0
         assert scheduler.allocator.largest_free_range == scheduler.allocator.capacity
 
@@ -101,3 +106,22 @@ def test_m01_to_m03_leave_no_state_behind(tiny_checkpoint, engine_factory, hf_re
     assert_idle(engine)
     outputs = engine.generate(prompts, GREEDY, use_tqdm=False)
     assert [o.token_ids for o in outputs] == hf_reference
+
+
+LATER = [name for name in ("m05_paged_blocks", "m06_prefix_cache", "m07_chunked_prefill", "m08_triton_kernel",
+                           "m09_server", "m10_cuda_graphs") if importlib.util.find_spec(f"milestones.{name}")]
+
+
+@pytest.mark.parametrize("milestone", LATER)
+def test_later_milestones_inherit_it(tiny_checkpoint, engine_factory, hf_reference, milestone):
+    """Paged blocks, a prefix cache, chunked prefill: whatever a later engine holds, an interrupted run gives it
+    back (through m04's ``abort_requests`` and the engine's own ``abort``)."""
+    engine = engine_factory(milestone, tiny_checkpoint[0], max_num_seqs=3, kv_cache_tokens=1024)
+    prompts = mixed_length_prompts()
+    with failing_forward(engine.model, 5, KeyboardInterrupt()):
+        with pytest.raises(KeyboardInterrupt):
+            engine.generate(prompts, half_sampled(len(prompts)), use_tqdm=False)
+    assert_idle(engine)
+    outputs = engine.generate(prompts, GREEDY, use_tqdm=False)
+    assert [o.token_ids for o in outputs] == hf_reference
+    assert_idle(engine)

@@ -12,6 +12,7 @@ and prints a table. The pieces, in the order a demo uses them:
 * ``random_prompts``: seeded prompts of random token ids, so every engine sees exactly the same work.
 * ``Case``, ``check_cases``, ``measure``: one table row per case (an engine with its prompts), timed
   ``--repeats`` times in interleaved rounds after a warm-up; the timings shown are medians.
+  ``interleaved_rounds`` does the rounds for a demo that runs its engines its own way (the step API).
 * ``print_table``, ``print_speedup``, ``same_tokens``: show the rows, the ratios (with their spread over
   the rounds), and whether the engines agreed.
 
@@ -20,19 +21,21 @@ Why repeats and interleaving: one timed run on a shared CPU is noise (the same m
 case alike, and a ratio is taken within each round, then the median and the min-max over rounds are printed.
 
 Keys of a row that start with ``_`` are not shown: ``_outputs`` holds the ``RequestOutput``s of the first
-round, ``_stats`` the engine's ``EngineStats`` and ``_runs`` the timings of every round.
+round, ``_stats`` the engine's ``EngineStats`` and ``_runs`` every round's row.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import random
 import statistics
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -45,9 +48,8 @@ from .sampling_params import SamplingParams
 NUM_BPE_TOKENS = 151_643  # Qwen's ids above this are special tokens (EOS among them): keep prompts below it
 MiB = 1024 * 1024
 DEFAULT_REPEATS = 3
-TIMED_COLUMNS = ("wall s", "output tok/s", "TTFT p50 (ms)", "ms/token (mean ITL)")  # medians over the rounds
-TTFT_NOTE = ("TTFT counts from the moment generate() was called, so it includes the time a request waited "
-             "for the requests ahead of it (queueing), not only its own prefill.")
+TTFT_NOTE = ("TTFT includes queueing: it counts from a request's arrival (the call to generate, or the client's "
+             "send), so the time it waited for the requests ahead of it is in it, not only its own prefill.")
 
 # --------------------------------------------------------------------------- flags
 
@@ -60,6 +62,26 @@ def positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """argparse ``type=`` for sizes such as GiB: a finite number > 0."""
+    return _positive_float(text, allow_inf=False)
+
+
+def positive_rate(text: str) -> float:
+    """argparse ``type=`` for a request rate: a number > 0, ``inf`` meaning all at once."""
+    return _positive_float(text, allow_inf=True)
+
+
+def _positive_float(text: str, allow_inf: bool) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}") from None
+    if not value > 0 or (value == math.inf and not allow_inf):  # "not >" also refuses NaN
+        raise argparse.ArgumentTypeError(f"expected a {'' if allow_inf else 'finite '}number > 0, got {text!r}")
     return value
 
 
@@ -190,67 +212,31 @@ def _warm_up(case: Case) -> None:
     case.engine.generate([first.prompt_token_ids[:16]], params, use_tqdm=False)
 
 
-def _timed_run(case: Case) -> tuple[dict, list, Any]:
-    """One timed ``generate``: (its timings keyed like the table's columns, the outputs, the engine's stats)."""
+def timed_row(case: Case) -> dict:
+    """One timed ``generate`` of ``case`` as a table row (a dict whose keys are the column names).
+
+    An engine with a prefix cache (m06 on) has it emptied first, untimed: otherwise a repeat would find its
+    prompts cached by the warm-up or the round before, and measure something else than the first run did.
+    """
+    reset_prefix_cache = getattr(case.engine, "reset_prefix_cache", None)
+    if reset_prefix_cache is not None:
+        reset_prefix_cache()
     _sync(case.engine)
     start = time.perf_counter()
     outputs = case.engine.generate(case.prompts, case.params, use_tqdm=False)
     _sync(case.engine)
     summary = summarize(outputs, time.perf_counter() - start)
-    timings = {
+    stats = case.engine.stats
+    row = {
+        "label": case.label,
+        "requests": summary["num_requests"],
+        "prompt tokens": summary["prompt_tokens"],
+        "output tokens": summary["output_tokens"],
         "wall s": summary["wall_time_s"],
         "output tok/s": summary["output_tokens_per_s"],
         "TTFT p50 (ms)": _ms(summary["ttft_p50_s"]),
+        "TTFT p99 (ms)": _ms(summary["ttft_p99_s"]),
         "ms/token (mean ITL)": _ms(summary["itl_mean_s"]),
-    }
-    return timings, outputs, case.engine.stats
-
-
-def _median(values: list[float | None]) -> float | None:
-    present = [v for v in values if v is not None]
-    return statistics.median(present) if present else None
-
-
-def measure(cases: Sequence[Case], repeats: int = DEFAULT_REPEATS, warmup: bool = True) -> list[dict]:
-    """Time every case ``repeats`` times and return one table row per case (a dict keyed by column name).
-
-    First every case is validated (``check_cases``), then each engine gets one short warm-up, then the
-    cases run in rounds: A, B, C, A, B, C, ... The timing columns hold the median over the rounds;
-    ``row["_runs"]`` keeps every round's timings, so ratios can be taken within a round (``speedup``).
-    Counters (tokens computed, K/V) do not depend on timing and come from the last round.
-    """
-    if repeats < 1:
-        raise ValueError(f"repeats must be >= 1, got {repeats}")
-    check_cases(cases)
-    if warmup:
-        warmed: set[int] = set()
-        for case in cases:
-            if id(case.engine) not in warmed:
-                _warm_up(case)
-                warmed.add(id(case.engine))
-    runs: list[list[dict]] = [[] for _ in cases]
-    first_outputs: list[list] = [[] for _ in cases]
-    last_stats: list[Any] = [None for _ in cases]
-    with tqdm(total=repeats * len(cases), desc="measuring", unit="run") as bar:
-        for round_index in range(repeats):
-            for i, case in enumerate(cases):
-                timings, outputs, stats = _timed_run(case)
-                runs[i].append(timings)
-                if round_index == 0:
-                    first_outputs[i] = outputs
-                last_stats[i] = stats
-                bar.update(1)
-    return [_row(case, case_runs, outputs, stats)
-            for case, case_runs, outputs, stats in zip(cases, runs, first_outputs, last_stats)]
-
-
-def _row(case: Case, runs: list[dict], outputs: list, stats) -> dict:
-    row = {
-        "label": case.label,
-        "requests": len(outputs),
-        "prompt tokens": sum(len(o.prompt_token_ids) for o in outputs),
-        "output tokens": sum(len(o.token_ids) for o in outputs),
-        **{column: _median([run[column] for run in runs]) for column in TIMED_COLUMNS},
         "tokens computed": stats.tokens_computed,
         "useful fraction": stats.useful_token_fraction,
     }
@@ -259,8 +245,60 @@ def _row(case: Case, runs: list[dict], outputs: list, stats) -> dict:
         row["KV used peak (MiB)"] = stats.kv_used_peak_bytes / MiB
     row["_outputs"] = outputs
     row["_stats"] = stats
-    row["_runs"] = runs
     return row
+
+
+def interleaved_rounds(runs: Sequence[Callable[[], dict]], repeats: int = DEFAULT_REPEATS) -> list[dict]:
+    """Call every run once per round, ``repeats`` rounds (A, B, C, A, B, C, ...); each call returns a row.
+
+    Returns one row per run: a number that differs between rounds (a timing) becomes its median, one that does
+    not (a counter) stays as it is, anything else comes from the first round, and ``row["_runs"]`` keeps every
+    round's row, so ``speedup`` can take a ratio within each round. Demos with a runner of their own (the step
+    API, client aborts) use this directly; ``measure`` uses it for ``generate``.
+    """
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    rounds: list[list[dict]] = [[] for _ in runs]
+    with tqdm(total=repeats * len(runs), desc="measuring", unit="run") as bar:
+        for _ in range(repeats):
+            for i, run in enumerate(runs):
+                rounds[i].append(run())
+                bar.update(1)
+    return [_merge_rounds(rows) for rows in rounds]
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _merge_rounds(rows: list[dict]) -> dict:
+    """One row from a run's rounds (see ``interleaved_rounds``)."""
+    merged = {}
+    for key, first in rows[0].items():
+        values = [row.get(key) for row in rows]
+        is_timing = (not key.startswith("_") and any(v != first for v in values)
+                     and all(v is None or _is_number(v) for v in values))
+        present = [v for v in values if v is not None]
+        merged[key] = (statistics.median(present) if present else None) if is_timing else first
+    merged["_runs"] = rows
+    return merged
+
+
+def measure(cases: Sequence[Case], repeats: int = DEFAULT_REPEATS, warmup: bool = True) -> list[dict]:
+    """Time every case ``repeats`` times and return one table row per case (see ``timed_row``).
+
+    First every case is validated (``check_cases``), then each engine gets one short warm-up, then the
+    cases run in interleaved rounds (``interleaved_rounds``): the timing columns hold the median over the
+    rounds; counters (tokens computed, K/V) are the same in every round.
+    """
+    check_cases(cases)
+    if warmup:
+        warmed: set[int] = set()
+        for case in cases:
+            if id(case.engine) not in warmed:
+                _warm_up(case)
+                warmed.add(id(case.engine))
+    return interleaved_rounds([partial(timed_row, case) for case in cases], repeats)
 
 
 # --------------------------------------------------------------------------- showing
@@ -279,7 +317,9 @@ def print_table(rows: list[dict], title: str, columns: Sequence[str] | None = No
     print(tabulate(body, headers=columns, disable_numparse=True, colalign=["left"] + ["right"] * (len(columns) - 1)))
     rounds = {len(row["_runs"]) for row in rows if "_runs" in row}
     if rounds:
-        print(f"Timings: the median of {max(rounds)} interleaved runs per row, after a warm-up.")
+        once = [str(row.get("label")) for row in rows if "_runs" not in row]
+        print(f"Timings: the median of {max(rounds)} interleaved runs per row, after a warm-up"
+              + (f" ({', '.join(once)}: one run)." if once else "."))
     if any(c.startswith("TTFT") for c in columns):
         print(TTFT_NOTE)
 
@@ -311,8 +351,9 @@ class Ratio:
 
 
 def _per_round(row: dict, metric: str) -> list:
-    """``metric`` in every round for a timing column, else the row's single value."""
-    if metric in TIMED_COLUMNS and "_runs" in row:
+    """``metric`` in every round (rows from ``interleaved_rounds``), else the row's single value (also for a
+    column a demo added to the merged row)."""
+    if "_runs" in row and all(metric in run for run in row["_runs"]):
         return [run[metric] for run in row["_runs"]]
     return [row.get(metric)]
 

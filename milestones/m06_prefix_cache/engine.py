@@ -71,6 +71,11 @@ class LLMEngine(PagedEngine):
                 self.stats.prefix_cache_queried_tokens += seq.num_prompt_tokens
                 self.stats.prefix_cache_hit_tokens += seq.num_cached_tokens
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix, as vLLM's ``reset_prefix_cache``: a measurement that repeats a workload
+        starts each run cold. Only on an idle engine; returns whether it was done."""
+        return self.block_manager.reset_cache()
+
     def make_output(self, request: Request) -> CachedRequestOutput:
         base = super().make_output(request)
         return CachedRequestOutput(**{f.name: getattr(base, f.name) for f in fields(base)},
