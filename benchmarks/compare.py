@@ -19,8 +19,8 @@ Each member's result is an ordinary result dict (see ``harness``) plus:
   time, the repeats planned, and whether this engine had to be built again before each run.
 
 Every timed run starts from the same state: before runs 2, 3, ... each runner ``reset()``s what the last run
-left behind that would speed up the next (a prefix cache holding the workload's prompts); a runner that cannot
-(m06's prefix cache has no ``reset_prefix_cache()``) is built and warmed up again instead.
+left behind that would speed up the next (a prefix cache holding the workload's prompts: m06 on empties it with
+``reset_prefix_cache()``); a runner that cannot is built and warmed up again instead.
 
 Engines share the GPU when their K/V pools (sized for the workload, or the workload's budget), their weights,
 the largest per-batch K/V of an engine without a pool and a margin for activations fit in 85% of free memory;

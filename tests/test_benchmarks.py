@@ -429,7 +429,7 @@ def test_every_repeat_starts_without_the_last_runs_prefix_cache():
                                    log=None)
     computed = [r["metrics"]["prompt_tokens_computed"] for r in m06["repeats"]]
     assert computed[0] == computed[1] < 3 * 40  # the shared 32 tokens computed once per run, in every run
-    assert m06["comparison"]["rebuilt_before_each_run"]
+    assert not m06["comparison"]["rebuilt_before_each_run"]  # m06 empties its cache: reset_prefix_cache()
 
 
 def test_ratios_come_from_the_repeat_pairs():

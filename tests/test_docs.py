@@ -48,6 +48,7 @@ NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
 SMALL = {  # a demo's size flag -> the most it gets here (a list with any element above it: SMALL_LISTS)
     "--max-tokens": 4, "--min-tokens": 2, "--short-tokens": 2, "--long-tokens": 8, "--num-prompts": 4,
     "--prompt-len": 16, "--prompt-lens": 16, "--min-prompt-len": 8, "--max-prompt-len": 16,
+    "--repeats": 1,  # demo.measure's timed rounds: one proves the path runs
 }
 SMALL_LISTS = {"--prompt-lens": "8,16"}  # what a list flag gets instead
 COMMAND_TIMEOUT_S = 120

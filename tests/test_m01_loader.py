@@ -250,6 +250,24 @@ def test_hub_failure_is_a_value_error(monkeypatch, tmp_path):
     assert HUB_ID in str(info.value) and "network is unreachable" in str(info.value)
 
 
+def test_hub_failure_is_one_line_without_the_chained_traceback(monkeypatch, tmp_path):
+    """The hub's own errors run to paragraphs and a ~100-line chain; the user gets their first line only."""
+    import huggingface_hub
+
+    def offline(**kwargs):
+        raise OSError("Cannot reach the hub: name resolution failed\n\nAn error happened while trying to locate "
+                      "the files on the Hub. Please check your internet connection and try again.")
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", offline)
+    with pytest.raises(ValueError) as info:
+        load(HUB_ID)
+    message = str(info.value)
+    assert "\n" not in message and "OSError: Cannot reach the hub: name resolution failed" in message
+    assert "check your internet connection" not in message
+    assert info.value.__cause__ is None and info.value.__suppress_context__  # raised "from None": no chain
+
+
 def test_hub_download_loads_the_snapshot(monkeypatch, tmp_path, tiny_checkpoint):
     import huggingface_hub
 

@@ -148,6 +148,18 @@ def test_request_larger_than_the_pool_is_rejected(tiny_checkpoint, engine_factor
     assert not engine.has_unfinished()  # nothing was queued
 
 
+@pytest.mark.parametrize("prompt, params, message", [
+    ([5, True], None, r"^prompt: .*token 1 is bool True"),
+    ({"ids": [5]}, None, r"^prompt: a prompt is a string or a list of token ids, got dict"),
+    ([5, 6], {"max_tokens": 3}, r"^prompt: sampling params must be SamplingParams, got dict"),
+])
+def test_add_request_refuses_bad_input_and_queues_nothing(tiny_checkpoint, engine_factory, prompt, params, message):
+    engine = engine_factory(M04, tiny_checkpoint[0], max_num_seqs=2, kv_cache_tokens=2048)
+    with pytest.raises(ValueError, match=message):
+        engine.add_request(prompt, params)
+    assert not engine.has_unfinished()
+
+
 def test_reserved_memory_exceeds_used_when_requests_stop_early(tiny_checkpoint, engine_factory):
     engine = engine_factory(M04, tiny_checkpoint[0], max_num_seqs=4, kv_cache_tokens=4096)
     prompt = random_prompts(1, 10, 10, seed=2)[0]

@@ -2,8 +2,10 @@
 
 Each notebook is executed from an in-memory copy with nbclient, in the ``notebooks/`` folder (so
 ``nbhelpers`` imports and the repo root is found as it is for a reader), and nothing is written back: the
-committed notebooks keep their outputs, and ``NANOSERVE_NOTEBOOK_TEST=1`` tells ``nbhelpers.save_figure``
-not to overwrite the PNGs in ``docs/images/``. New notebooks are picked up by the glob.
+committed notebooks keep their outputs. It runs as a reader would, without ``NANOSERVE_SAVE_FIGURES``, and
+checks that the checkout is exactly as clean (or as dirty) afterwards as before: running a notebook must
+not rewrite a committed file (``nbhelpers.save_figure`` writes ``docs/images/`` only when a maintainer sets
+``NANOSERVE_SAVE_FIGURES=1``). New notebooks are picked up by the glob.
 
 The kernel is the interpreter running pytest (``ipykernel`` from the dev extras): the test writes a
 ``python3`` kernel spec naming ``sys.executable`` into a temp dir and puts it first on ``JUPYTER_PATH``, so
@@ -13,6 +15,8 @@ neither a user-level kernel spec nor ``ipykernel install`` matters.
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -25,7 +29,21 @@ pytest.importorskip("matplotlib")
 
 NOTEBOOKS_DIR = Path(__file__).resolve().parents[1] / "notebooks"
 NOTEBOOKS = sorted(NOTEBOOKS_DIR.glob("*.ipynb"))
+IMAGES_DIR = NOTEBOOKS_DIR.parent / "docs" / "images"
 CELL_TIMEOUT_S = 300
+
+
+def git_status() -> str | None:
+    """``git status --porcelain`` of the checkout (untracked files included), or None outside a git checkout."""
+    if shutil.which("git") is None:
+        return None
+    result = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=NOTEBOOKS_DIR.parent,
+                            capture_output=True, text=True)
+    return result.stdout if result.returncode == 0 else None
+
+
+def images() -> dict[Path, int]:
+    return {p: p.stat().st_mtime_ns for p in IMAGES_DIR.glob("*.png")}
 
 
 def test_there_are_notebooks():
@@ -42,13 +60,13 @@ def test_notebook_runs(path: Path, monkeypatch, tmp_path):
         "language": "python",
     }))
     monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter"))
-    monkeypatch.setenv("NANOSERVE_NOTEBOOK_TEST", "1")   # nbhelpers.save_figure writes nothing
+    monkeypatch.delenv("NANOSERVE_SAVE_FIGURES", raising=False)   # run as a reader does
     # One intra-op thread: a little slower than two on an idle 2-core machine, but steady. On a busy one,
     # OpenMP threads spinning against another process can slow every step by an order of magnitude.
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
 
     before = path.read_bytes()
-    images = {p: p.stat().st_mtime_ns for p in (NOTEBOOKS_DIR.parent / "docs" / "images").glob("*.png")}
+    images_before, status_before = images(), git_status()
     notebook = nbformat.reads(before.decode("utf-8"), as_version=4)
     client = nbclient.NotebookClient(
         notebook,
@@ -62,5 +80,46 @@ def test_notebook_runs(path: Path, monkeypatch, tmp_path):
               for o in cell.get("outputs", []) if o.get("output_type") == "error"]
     assert not errors
     assert path.read_bytes() == before, "the test must not modify the committed notebook"
-    after = {p: p.stat().st_mtime_ns for p in (NOTEBOOKS_DIR.parent / "docs" / "images").glob("*.png")}
-    assert after == images, "the test must not write docs/images/"
+    assert images() == images_before, "running a notebook must not write docs/images/"
+    assert git_status() == status_before, "running a notebook must not change, add or delete files in the checkout"
+
+
+# --------------------------------------------------------------------------- nbhelpers.save_figure
+
+
+@pytest.fixture
+def nbhelpers(monkeypatch, tmp_path):
+    """``nbhelpers`` imported as a notebook does, inside a fake checkout in ``tmp_path``."""
+    (tmp_path / "benchmarks" / "results").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(NOTEBOOKS_DIR))
+    import nbhelpers
+
+    return nbhelpers
+
+
+def small_figure():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots()
+    ax.plot([1, 2], [3, 4])
+    return fig
+
+
+@pytest.mark.parametrize("value", [None, "", "0", "yes"])
+def test_save_figure_writes_nothing_unless_asked(nbhelpers, monkeypatch, tmp_path, value):
+    if value is None:
+        monkeypatch.delenv("NANOSERVE_SAVE_FIGURES", raising=False)
+    else:
+        monkeypatch.setenv("NANOSERVE_SAVE_FIGURES", value)
+    assert nbhelpers.save_figure(small_figure(), "x.png") is None
+    assert not (tmp_path / "docs").exists()
+
+
+def test_save_figure_writes_docs_images_when_a_maintainer_asks(nbhelpers, monkeypatch, tmp_path):
+    monkeypatch.setenv("NANOSERVE_SAVE_FIGURES", "1")
+    path = nbhelpers.save_figure(small_figure(), "x.png")
+    assert path == tmp_path / "docs" / "images" / "x.png" and path.stat().st_size > 0

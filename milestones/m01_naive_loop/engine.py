@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import numbers
 import time
 from collections.abc import Callable, Sequence
 
@@ -75,13 +76,17 @@ class LLMEngine:
 
         ``prompts`` are strings or lists of token ids; ``sampling_params`` is one ``SamplingParams`` for all
         or one per prompt. Every prompt is validated before any work starts, so bad input costs nothing.
+        If the run is interrupted (Ctrl-C, or a forward pass that raises), its requests are aborted and give
+        back what they hold before the exception goes on, so the engine stays usable.
         """
-        prompts = self._as_prompt_list(prompts)
-        params = self._as_params_list(sampling_params, len(prompts))
-        requests = [self.make_request(p, sp) for p, sp in zip(prompts, params)]
+        requests = self.make_requests(prompts, sampling_params)
         self.stats = self.new_stats()
         with tqdm(total=len(requests), desc=self.milestone, unit="req", disable=not use_tqdm) as bar:
-            self.run(requests, on_finish=lambda _: bar.update(1))
+            try:
+                self.run(requests, on_finish=lambda _: bar.update(1))
+            except BaseException:  # KeyboardInterrupt too: the caller may catch it and keep using the engine
+                self.abort_requests(requests)
+                raise
         return [self.make_output(r) for r in requests]
 
     # ------------------------------------------------------------------ scheduling (overridden later)
@@ -92,6 +97,18 @@ class LLMEngine:
             self.generate_one(request)
             self.sampler.release(request)
             on_finish(request)
+
+    def abort_requests(self, requests: list[Request]) -> None:
+        """Give back what the requests of an interrupted ``run`` hold; m01 and m02 hold only sampler state.
+
+        Later milestones hold more (queue places, K/V) and extend this; it must work whatever point the
+        run reached, including requests that finished, or never started.
+        """
+        now = time.perf_counter()
+        for request in requests:
+            if not request.is_finished:
+                request.finish(now, "abort")
+            self.sampler.release(request)
 
     def generate_one(self, request: Request) -> None:
         """m01: every step runs the model over every token of the sequence."""
@@ -117,33 +134,56 @@ class LLMEngine:
 
     # ------------------------------------------------------------------ requests in, outputs out
 
-    def make_request(self, prompt: Prompt, params: SamplingParams) -> Request:
-        """Tokenize and validate one prompt; raises ``ValueError`` naming what is wrong."""
-        request_id = str(next(self._request_ids))
+    def make_requests(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+    ) -> list[Request]:
+        """Validate and tokenize every prompt, before any work; errors name the prompt by its index."""
+        prompts = self._as_prompt_list(prompts)
+        params = self._as_params_list(sampling_params, len(prompts))
+        return [self.make_request(p, sp, where=f"prompt {i}") for i, (p, sp) in enumerate(zip(prompts, params))]
+
+    def make_request(self, prompt: Prompt, params: SamplingParams, where: str = "prompt") -> Request:
+        """Tokenize and validate one prompt; raises ``ValueError`` starting with ``where`` (e.g. "prompt 3")."""
         if not isinstance(params, SamplingParams):
-            raise ValueError(f"request {request_id}: sampling params must be SamplingParams, got {type(params)}")
-        if isinstance(prompt, str):
-            if not prompt:
-                raise ValueError(f"request {request_id}: the prompt is an empty string")
-            token_ids = self.tokenizer.encode(prompt, add_special_tokens=False)
-            text = prompt
-        elif isinstance(prompt, (list, tuple)) and all(isinstance(t, int) for t in prompt):
-            token_ids, text = list(prompt), None
-        else:
-            raise ValueError(f"request {request_id}: a prompt is a string or a list of token ids, got {prompt!r:.80}")
+            raise ValueError(f"{where}: sampling params must be SamplingParams, got {_describe(params)}")
+        token_ids, text = self._prompt_token_ids(prompt, where)
         if not token_ids:
-            raise ValueError(f"request {request_id}: the prompt has no tokens")
+            raise ValueError(f"{where}: the prompt has no tokens")
         # Checked for strings too: a tokenizer with more ids than the model (e.g. Qwen3's on a tiny test model).
         bad = [t for t in token_ids if not 0 <= t < self.vocab_size]
         if bad:
-            raise ValueError(f"request {request_id}: token ids {bad[:5]} are outside [0, {self.vocab_size})")
+            raise ValueError(f"{where}: token ids {bad[:5]} are outside [0, {self.vocab_size})")
         total = len(token_ids) + params.max_tokens
         if total > self.max_model_len:
             raise ValueError(
-                f"request {request_id}: prompt ({len(token_ids)} tokens) + max_tokens ({params.max_tokens}) = "
+                f"{where}: prompt ({len(token_ids)} tokens) + max_tokens ({params.max_tokens}) = "
                 f"{total} exceeds max_model_len ({self.max_model_len})"
             )
+        request_id = str(next(self._request_ids))
         return self.request_class(request_id, token_ids, params, self.eos_token_ids, prompt=text)
+
+    def _prompt_token_ids(self, prompt: Prompt, where: str) -> tuple[list[int], str | None]:
+        """(token ids, the text or None) of a string or token-id prompt; anything else is a ``ValueError``."""
+        if isinstance(prompt, str):
+            if not prompt:
+                raise ValueError(f"{where}: the prompt is an empty string")
+            try:
+                prompt.encode("utf-8")
+            except UnicodeEncodeError as error:  # a lone surrogate such as "\ud800" is not text
+                bad = prompt[error.start:error.end]
+                raise ValueError(f"{where}: the prompt is not valid Unicode text: {bad!r} at index "
+                                 f"{error.start} is a lone surrogate") from None
+            return self.tokenizer.encode(prompt, add_special_tokens=False), prompt
+        if not isinstance(prompt, (list, tuple)):
+            raise ValueError(f"{where}: a prompt is a string or a list of token ids, got {_describe(prompt)}")
+        for i, token in enumerate(prompt):
+            # bool is an int subclass (True == 1); numpy integers are fine.
+            if isinstance(token, bool) or not isinstance(token, numbers.Integral):
+                raise ValueError(f"{where}: a prompt is a string or a list of token ids, but token {i} is "
+                                 f"{_describe(token)}")
+        return [int(t) for t in prompt], None
 
     def make_output(self, request: Request) -> RequestOutput:
         return RequestOutput(
@@ -170,12 +210,13 @@ class LLMEngine:
     def _as_prompt_list(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
         if isinstance(prompts, str):
             return [prompts]
-        prompts = list(prompts)
+        if not isinstance(prompts, (list, tuple)):
+            raise ValueError(f"prompts must be a string or a list of prompts, got {_describe(prompts)}")
         if prompts and all(isinstance(p, int) for p in prompts):
             raise ValueError("prompts must be a list of prompts; wrap one token-id prompt as [[id, id, ...]]")
         if not prompts:
             raise ValueError("no prompts given")
-        return prompts
+        return list(prompts)
 
     @staticmethod
     def _as_params_list(params: SamplingParams | Sequence[SamplingParams] | None, n: int) -> list[SamplingParams]:
@@ -183,10 +224,15 @@ class LLMEngine:
             return [SamplingParams()] * n
         if isinstance(params, SamplingParams):
             return [params] * n
-        params = list(params)
+        if not isinstance(params, (list, tuple)):  # a dict is iterable too: refuse it before list() does
+            raise ValueError("sampling_params must be a SamplingParams, a list of them (one per prompt) or None, "
+                             f"got {_describe(params)}")
         if len(params) != n:
             raise ValueError(f"got {n} prompts but {len(params)} sampling params; pass one, or one per prompt")
-        return params
+        for i, p in enumerate(params):
+            if not isinstance(p, SamplingParams):
+                raise ValueError(f"sampling_params[{i}] must be a SamplingParams, got {_describe(p)}")
+        return list(params)
 
     def _resolve_max_model_len(self) -> int:
         limit = self.model_config.max_position_embeddings
@@ -209,3 +255,11 @@ class LLMEngine:
             elif isinstance(value, list):
                 ids.update(v for v in value if isinstance(v, int))
         return frozenset(ids)
+
+
+def _describe(value: object) -> str:
+    """A short, safe description of a bad value for an error message: its type and a clipped repr."""
+    text = repr(value)
+    if len(text) > 60:
+        text = text[:57] + "..."
+    return f"{type(value).__name__} {text}"

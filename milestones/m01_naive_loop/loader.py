@@ -91,11 +91,18 @@ def _download(repo_id: str) -> Path:
     try:
         return Path(snapshot_download(repo_id=repo_id, allow_patterns=patterns))
     except Exception as error:  # network down, repo missing, gated repo: all mean "cannot load this"
+        # One line is the whole story for the user; the hub's chained traceback (~100 lines) is not.
         raise ValueError(
-            f"could not fetch model {repo_id!r} from the Hugging Face hub ({type(error).__name__}: {error}). "
+            f"could not fetch model {repo_id!r} from the Hugging Face hub ({_one_line(error)}). "
             "Without network access, pass a local checkpoint directory or a preset "
             f"({', '.join(PRESETS)})"
-        ) from error
+        ) from None
+
+
+def _one_line(error: Exception) -> str:
+    """``"TypeName: first line of the message"``: hub errors often add paragraphs of advice below it."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
 
 
 def build_model(config: Qwen3Config, device: torch.device, dtype: torch.dtype) -> Qwen3ForCausalLM:

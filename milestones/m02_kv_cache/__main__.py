@@ -10,7 +10,8 @@ from __future__ import annotations
 import torch
 
 from milestones.m01_naive_loop import LLMEngine as NaiveLoopEngine
-from milestones.m01_naive_loop.demo import (demo_parser, engine_config, measure, print_speedup, print_table,
+from milestones.m01_naive_loop.demo import (Case, check_cases, demo_parser, engine_config, exit_on_bad_input,
+                                            measure, parse_args, positive_int, print_speedup, print_table,
                                             random_prompts, same_tokens)
 from milestones.m02_kv_cache import EngineConfig, LLMEngine, SamplingParams
 
@@ -21,19 +22,23 @@ COLUMNS = ["label", "requests", "prompt tokens", "output tokens", "wall s", "out
 def main(argv: list[str] | None = None) -> list[dict]:
     parser = demo_parser("m02: prefill once, decode against a K/V cache; compared with m01 on the same prompts.",
                          prog="python -m milestones.m02_kv_cache")
-    parser.add_argument("--num-prompts", type=int, default=2, help="requests (they run one after another)")
-    parser.add_argument("--prompt-len", type=int, default=512, help="tokens per prompt (random token ids)")
-    parser.add_argument("--max-tokens", type=int, default=32, help="tokens to generate per request")
-    args = parser.parse_args(argv)
+    parser.add_argument("--num-prompts", type=positive_int, default=2,
+                        help="requests (they run one after another)")
+    parser.add_argument("--prompt-len", type=positive_int, default=1024, help="tokens per prompt (random token ids)")
+    parser.add_argument("--max-tokens", type=positive_int, default=16, help="tokens to generate per request")
+    args = parse_args(parser, argv)
 
-    config = engine_config(EngineConfig, args)
-    engines = {"m01_naive_loop": NaiveLoopEngine(config), "m02_kv_cache": LLMEngine(config)}
+    with exit_on_bad_input(parser):
+        config = engine_config(EngineConfig, args)
+        engines = {"m01_naive_loop": NaiveLoopEngine(config), "m02_kv_cache": LLMEngine(config)}
+        prompts = random_prompts(engines["m02_kv_cache"].vocab_size, args.num_prompts, args.prompt_len,
+                                 args.prompt_len, args.seed)
+        params = SamplingParams(max_tokens=args.max_tokens, ignore_eos=True)  # greedy, fixed length
+        cases = [Case(label, engine, prompts, params) for label, engine in engines.items()]
+        check_cases(cases)
     print(f"model {args.model!r} on {engines['m02_kv_cache'].device} in {engines['m02_kv_cache'].dtype}")
-    prompts = random_prompts(engines["m02_kv_cache"].vocab_size, args.num_prompts, args.prompt_len,
-                             args.prompt_len, args.seed)
-    params = SamplingParams(max_tokens=args.max_tokens, ignore_eos=True)  # greedy, fixed length
 
-    rows = [measure(engine, prompts, params, label) for label, engine in engines.items()]
+    rows = measure(cases, args.repeats)
     print_table(rows, f"{args.num_prompts} requests x {args.prompt_len}-token prompt -> {args.max_tokens} "
                       "tokens each (greedy)", COLUMNS)
     print()

@@ -8,7 +8,8 @@ its *maximum* length, far more than it uses while it runs (what m05's paged bloc
 
 from __future__ import annotations
 
-from milestones.m01_naive_loop.demo import (demo_parser, engine_config, measure, print_speedup, print_table,
+from milestones.m01_naive_loop.demo import (Case, check_cases, demo_parser, engine_config, exit_on_bad_input,
+                                            measure, parse_args, positive_int, print_speedup, print_table,
                                             random_prompts, same_tokens)
 from milestones.m03_static_batching import LLMEngine as StaticBatchingEngine
 from milestones.m04_continuous_batching import EngineConfig, LLMEngine, SamplingParams
@@ -20,24 +21,28 @@ COLUMNS = ["label", "requests", "output tokens", "wall s", "output tok/s", "TTFT
 def main(argv: list[str] | None = None) -> list[dict]:
     parser = demo_parser("m04: continuous batching against m03's static batches on a skewed workload.",
                          prog="python -m milestones.m04_continuous_batching")
-    parser.add_argument("--num-prompts", type=int, default=32)
-    parser.add_argument("--max-num-seqs", type=int, default=8, help="requests in flight (m03: batch size)")
-    parser.add_argument("--prompt-len", type=int, default=64, help="tokens per prompt")
-    parser.add_argument("--short-tokens", type=int, default=8, help="output of most requests")
-    parser.add_argument("--long-tokens", type=int, default=96, help="output of every --long-every-th request")
-    parser.add_argument("--long-every", type=int, default=8)
-    args = parser.parse_args(argv)
+    parser.add_argument("--num-prompts", type=positive_int, default=32, help="requests (the same for both engines)")
+    parser.add_argument("--max-num-seqs", type=positive_int, default=8, help="requests in flight (m03: batch size)")
+    parser.add_argument("--prompt-len", type=positive_int, default=32, help="tokens per prompt")
+    parser.add_argument("--short-tokens", type=positive_int, default=4, help="output of most requests")
+    parser.add_argument("--long-tokens", type=positive_int, default=96, help="output of every --long-every-th request")
+    parser.add_argument("--long-every", type=positive_int, default=8,
+                        help="request 0, N, 2N, ... want --long-tokens (1: every request)")
+    args = parse_args(parser, argv)
 
     knobs = dict(max_num_seqs=args.max_num_seqs)
-    engines = {"m03_static_batching": StaticBatchingEngine(engine_config(EngineConfig, args, **knobs)),
-               "m04_continuous_batching": LLMEngine(engine_config(EngineConfig, args, **knobs))}
-    m04 = engines["m04_continuous_batching"]
+    with exit_on_bad_input(parser):
+        engines = {"m03_static_batching": StaticBatchingEngine(engine_config(EngineConfig, args, **knobs)),
+                   "m04_continuous_batching": LLMEngine(engine_config(EngineConfig, args, **knobs))}
+        m04 = engines["m04_continuous_batching"]
+        prompts = random_prompts(m04.vocab_size, args.num_prompts, args.prompt_len, args.prompt_len, args.seed)
+        params = [SamplingParams(max_tokens=args.long_tokens if i % args.long_every == 0 else args.short_tokens,
+                                 ignore_eos=True) for i in range(args.num_prompts)]
+        cases = [Case(label, engine, prompts, params) for label, engine in engines.items()]
+        check_cases(cases)
     print(f"model {args.model!r} on {m04.device} in {m04.dtype}")
-    prompts = random_prompts(m04.vocab_size, args.num_prompts, args.prompt_len, args.prompt_len, args.seed)
-    params = [SamplingParams(max_tokens=args.long_tokens if i % args.long_every == 0 else args.short_tokens,
-                             ignore_eos=True) for i in range(args.num_prompts)]
 
-    rows = [measure(engine, prompts, params, label) for label, engine in engines.items()]
+    rows = measure(cases, args.repeats)
     print_table(rows, f"{args.num_prompts} requests: one in {args.long_every} wants {args.long_tokens} tokens, "
                       f"the rest {args.short_tokens}; {args.max_num_seqs} in flight", COLUMNS)
     print()

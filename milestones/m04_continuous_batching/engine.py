@@ -11,7 +11,9 @@ The engine is now driven one step at a time, which is also what a server needs:
             ...                                        # a new token (and maybe a finish) per request
     engine.abort(request_id)                           # leave now, give the K/V back
 
-``generate`` (inherited) is built on the same steps (see ``run``).
+``generate`` (inherited) is built on the same steps (see ``run``); if it is interrupted (Ctrl-C, a forward
+pass that raises), ``abort_requests`` takes its requests out of the scheduler and frees their K/V, so the
+engine is idle and usable again.
 
 K/V memory: a single pool holds every request's cache in a contiguous region reserved for its maximum
 length. ``stats.kv_reserved_peak_bytes`` against ``stats.kv_used_peak_bytes`` shows how much of it sits
@@ -86,6 +88,8 @@ class LLMEngine(StaticBatchingEngine):
     # ------------------------------------------------------------------ generate() on top of the steps
 
     def run(self, requests: list[Request], on_finish: Callable[[Request], None]) -> None:
+        """Queue every request and step until all are done (an interruption is cleaned up by
+        ``abort_requests``, called from ``generate``)."""
         if self.scheduler.has_unfinished():  # their outputs would be consumed here and never reach the caller
             raise ValueError("generate() needs an idle engine, but requests added with add_request() are still "
                              "unfinished: drive them with step() until has_unfinished() is False, or abort them")
@@ -96,11 +100,21 @@ class LLMEngine(StaticBatchingEngine):
                 if request.is_finished:
                     on_finish(request)
 
-    def make_request(self, prompt, params: SamplingParams) -> Request:
-        request = super().make_request(prompt, params)
+    def abort_requests(self, requests: list[Request]) -> None:
+        """An interrupted ``generate``: take its requests out of the queue and give their K/V back.
+
+        ``abort`` finds a request wherever the interruption left it (waiting, running, or finished but not
+        yet removed) and does nothing for one that already left; then m01 releases the sampler state.
+        """
+        for request in requests:
+            self.abort(request.request_id)
+        super().abort_requests(requests)
+
+    def make_request(self, prompt, params: SamplingParams, where: str = "prompt") -> Request:
+        request = super().make_request(prompt, params, where)
         if kv_slots_needed(request) > self.kv_pool.capacity:
             raise ValueError(
-                f"request {request.request_id}: needs {kv_slots_needed(request)} K/V slots (prompt + max_tokens "
+                f"{where}: needs {kv_slots_needed(request)} K/V slots (prompt + max_tokens "
                 f"- 1) but the pool holds {self.kv_pool.capacity}; raise kv_cache_tokens or lower max_tokens"
             )
         return request

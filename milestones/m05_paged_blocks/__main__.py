@@ -18,7 +18,9 @@ import time
 
 from tqdm.auto import tqdm
 
-from milestones.m01_naive_loop.demo import demo_parser, engine_config, print_speedup, print_table, random_prompts
+from milestones.m01_naive_loop.demo import (Case, check_cases, demo_parser, engine_config, exit_on_bad_input,
+                                            interleaved_rounds, parse_args, positive_float, positive_int,
+                                            print_speedup, print_table, random_prompts)
 from milestones.m01_naive_loop.metrics import summarize
 from milestones.m04_continuous_batching import LLMEngine as ContinuousBatchingEngine
 from milestones.m05_paged_blocks import EngineConfig, LLMEngine, SamplingParams
@@ -36,14 +38,15 @@ def real_lengths(num: int, median: int, cap: int, seed: int) -> list[int]:
 
 def run_with_client_stops(engine, prompts: list[list[int]], cap: int, lengths: list[int], label: str) -> dict:
     """Submit every request with ``max_tokens=cap``; abort each one when it has its real length."""
-    engine.generate([prompts[0]], SamplingParams(max_tokens=2, ignore_eos=True), use_tqdm=False)  # warm-up
+    warm_up = SamplingParams(max_tokens=min(2, cap), ignore_eos=True)  # fits wherever the real requests fit
+    engine.generate([prompts[0][:16]], warm_up, use_tqdm=False)
     engine.stats = engine.new_stats()
     wanted = {}
     start = time.perf_counter()
     for prompt, length in zip(prompts, lengths):
         wanted[engine.add_request(prompt, SamplingParams(max_tokens=cap, ignore_eos=True))] = length
     latest = {}
-    with tqdm(total=len(prompts), desc=label, unit="req") as bar:
+    with tqdm(total=len(prompts), desc=label, unit="req", leave=False) as bar:
         while engine.has_unfinished():
             for out in engine.step():
                 latest[out.request_id] = out
@@ -74,32 +77,38 @@ def run_with_client_stops(engine, prompts: list[list[int]], cap: int, lengths: l
 def main(argv: list[str] | None = None) -> list[dict]:
     parser = demo_parser("m05: paged K/V blocks against m04's contiguous regions, at the same K/V budget.",
                          prog="python -m milestones.m05_paged_blocks")
-    parser.add_argument("--num-prompts", type=int, default=48, help="requests, all submitted at once")
-    parser.add_argument("--prompt-len", type=int, default=48, help="tokens per prompt (random token ids)")
-    parser.add_argument("--max-tokens", type=int, default=256, help="every request's cap (what m04 must reserve)")
-    parser.add_argument("--median-tokens", type=int, default=24,
+    parser.add_argument("--num-prompts", type=positive_int, default=48, help="requests, all submitted at once")
+    parser.add_argument("--prompt-len", type=positive_int, default=48, help="tokens per prompt (random token ids)")
+    parser.add_argument("--max-tokens", type=positive_int, default=256,
+                        help="every request's cap (what m04 must reserve)")
+    parser.add_argument("--median-tokens", type=positive_int, default=24,
                         help="median real output length; the client aborts each request there")
-    parser.add_argument("--kv-cache-memory", type=float, default=None,
+    parser.add_argument("--kv-cache-memory", type=positive_float, default=None,
                         help="K/V budget in GiB for both engines (default: room for 6 capped requests)")
-    parser.add_argument("--block-size", type=int, default=16, help="token slots per K/V block (m05)")
-    parser.add_argument("--max-num-seqs", type=int, default=64, help="most requests in flight (both engines)")
-    args = parser.parse_args(argv)
+    parser.add_argument("--block-size", type=positive_int, default=16, help="token slots per K/V block (m05)")
+    parser.add_argument("--max-num-seqs", type=positive_int, default=64, help="most requests in flight (both engines)")
+    args = parse_args(parser, argv)
 
-    m05 = LLMEngine(engine_config(EngineConfig, args, max_num_seqs=args.max_num_seqs, block_size=args.block_size,
-                                  kv_cache_memory_gib=args.kv_cache_memory, kv_cache_tokens=None)
-                    if args.kv_cache_memory else
-                    engine_config(EngineConfig, args, max_num_seqs=args.max_num_seqs, block_size=args.block_size,
-                                  kv_cache_tokens=6 * (args.prompt_len + args.max_tokens)))
-    budget_tokens = m05.kv_pool.capacity
-    m04 = ContinuousBatchingEngine(engine_config(EngineConfig, args, max_num_seqs=args.max_num_seqs,
-                                                 kv_cache_tokens=budget_tokens))
+    with exit_on_bad_input(parser):
+        m05 = LLMEngine(engine_config(EngineConfig, args, max_num_seqs=args.max_num_seqs, block_size=args.block_size,
+                                      kv_cache_memory_gib=args.kv_cache_memory, kv_cache_tokens=None)
+                        if args.kv_cache_memory else
+                        engine_config(EngineConfig, args, max_num_seqs=args.max_num_seqs, block_size=args.block_size,
+                                      kv_cache_tokens=6 * (args.prompt_len + args.max_tokens)))
+        budget_tokens = m05.kv_pool.capacity
+        m04 = ContinuousBatchingEngine(engine_config(EngineConfig, args, max_num_seqs=args.max_num_seqs,
+                                                     kv_cache_tokens=budget_tokens))
+        prompts = random_prompts(m05.vocab_size, args.num_prompts, args.prompt_len, args.prompt_len, args.seed)
+        capped = SamplingParams(max_tokens=args.max_tokens, ignore_eos=True)
+        check_cases([Case("m04_continuous_batching", m04, prompts, capped), Case("m05_paged_blocks", m05, prompts,
+                                                                                  capped)])
     print(f"model {args.model!r} on {m05.device} in {m05.dtype}")
     print(f"m05 {m05.describe_kv_cache()}; m04 gets the same {budget_tokens:,} slots as one contiguous pool")
-    prompts = random_prompts(m05.vocab_size, args.num_prompts, args.prompt_len, args.prompt_len, args.seed)
     lengths = real_lengths(args.num_prompts, args.median_tokens, args.max_tokens, args.seed)
 
-    rows = [run_with_client_stops(m04, prompts, args.max_tokens, lengths, "m04_continuous_batching"),
-            run_with_client_stops(m05, prompts, args.max_tokens, lengths, "m05_paged_blocks")]
+    rows = interleaved_rounds(
+        [lambda: run_with_client_stops(m04, prompts, args.max_tokens, lengths, "m04_continuous_batching"),
+         lambda: run_with_client_stops(m05, prompts, args.max_tokens, lengths, "m05_paged_blocks")], args.repeats)
     print_table(rows, f"{args.num_prompts} requests x {args.prompt_len}-token prompts, capped at {args.max_tokens} "
                       f"tokens, stopped by the client at a median of {args.median_tokens}; K/V budget "
                       f"{budget_tokens:,} token slots", COLUMNS)

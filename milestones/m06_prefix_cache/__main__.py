@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import random
 
-from milestones.m01_naive_loop.demo import (demo_parser, engine_config, measure, print_speedup, print_table,
+from milestones.m01_naive_loop.demo import (Case, check_cases, demo_parser, engine_config, exit_on_bad_input,
+                                            measure, parse_args, positive_int, print_speedup, print_table,
                                             random_prompts, same_tokens)
-from milestones.m01_naive_loop.metrics import summarize
 from milestones.m06_prefix_cache import EngineConfig, LLMEngine, SamplingParams
 
 COLUMNS = ["label", "requests", "prompt tokens", "prompt tokens computed", "cache hit rate", "TTFT p50 (ms)",
@@ -22,37 +22,38 @@ COLUMNS = ["label", "requests", "prompt tokens", "prompt tokens computed", "cach
 def main(argv: list[str] | None = None) -> list[dict]:
     parser = demo_parser("m06: prefix caching off (m05) and on, on requests that share a system prompt.",
                          prog="python -m milestones.m06_prefix_cache")
-    parser.add_argument("--num-prompts", type=int, default=16, help="requests, all submitted at once")
-    parser.add_argument("--system-len", type=int, default=512, help="tokens of the shared system prompt")
-    parser.add_argument("--question-len", type=int, default=32, help="each request's own tokens after it")
-    parser.add_argument("--max-tokens", type=int, default=8, help="tokens to generate per request")
-    parser.add_argument("--max-num-batched-tokens", type=int, default=2048, help="new tokens per step at most")
-    parser.add_argument("--block-size", type=int, default=16, help="token slots per K/V block")
-    args = parser.parse_args(argv)
+    parser.add_argument("--num-prompts", type=positive_int, default=16, help="requests, all submitted at once")
+    parser.add_argument("--system-len", type=positive_int, default=512, help="tokens of the shared system prompt")
+    parser.add_argument("--question-len", type=positive_int, default=32, help="each request's own tokens after it")
+    parser.add_argument("--max-tokens", type=positive_int, default=8, help="tokens to generate per request")
+    parser.add_argument("--max-num-batched-tokens", type=positive_int, default=2048,
+                        help="new tokens per step at most")
+    parser.add_argument("--block-size", type=positive_int, default=16, help="token slots per K/V block")
+    args = parse_args(parser, argv)
 
     knobs = dict(max_num_seqs=args.num_prompts, max_num_batched_tokens=args.max_num_batched_tokens,
                  block_size=args.block_size)
-    engines = {"prefix cache off (m05)": LLMEngine(engine_config(EngineConfig, args, enable_prefix_caching=False,
-                                                                 **knobs)),
-               "prefix cache on (m06)": LLMEngine(engine_config(EngineConfig, args, **knobs))}
-    on = engines["prefix cache on (m06)"]
+    with exit_on_bad_input(parser):
+        engines = {"prefix cache off (m05)": LLMEngine(engine_config(EngineConfig, args,
+                                                                     enable_prefix_caching=False, **knobs)),
+                   "prefix cache on (m06)": LLMEngine(engine_config(EngineConfig, args, **knobs))}
+        on = engines["prefix cache on (m06)"]
+        (system,) = random_prompts(on.vocab_size, 1, args.system_len, args.system_len, args.seed)
+        questions = random_prompts(on.vocab_size, args.num_prompts, args.question_len, args.question_len,
+                                   args.seed + 1)
+        prompts = [system + q for q in questions]
+        params = SamplingParams(max_tokens=args.max_tokens, ignore_eos=True)
+        # measure() empties the cache before every timed run: each round is the cold start this demo is about.
+        cases = [Case(label, engine, prompts, params) for label, engine in engines.items()]
+        check_cases(cases)
     print(f"model {args.model!r} on {on.device} in {on.dtype}; {on.describe_kv_cache()}")
-    (system,) = random_prompts(on.vocab_size, 1, args.system_len, args.system_len, args.seed)
-    questions = random_prompts(on.vocab_size, args.num_prompts, args.question_len, args.question_len, args.seed + 1)
-    prompts = [system + q for q in questions]
-    params = SamplingParams(max_tokens=args.max_tokens, ignore_eos=True)
 
-    rows = []
-    for label, engine in engines.items():
-        row = measure(engine, prompts, params, label, warmup=False)  # a warm-up would fill the cache
-        summary = summarize(row["_outputs"], row["wall s"])
+    rows = measure(cases, args.repeats)
+    for row in rows:
         row["prompt tokens computed"] = row["_stats"].prompt_tokens_computed
         row["cache hit rate"] = row["_stats"].prefix_cache_hit_rate or 0.0
-        row["TTFT p99 (ms)"] = summary["ttft_p99_s"] * 1000
-        rows.append(row)
     print_table(rows, f"{args.num_prompts} requests = one {args.system_len}-token system prompt + their own "
-                      f"{args.question_len} tokens, {args.max_tokens} output tokens each "
-                      "(TTFT counts the wait for earlier requests too)", COLUMNS)
+                      f"{args.question_len} tokens, {args.max_tokens} output tokens each", COLUMNS)
     print()
     print_speedup(rows, "prefix cache off (m05)", "prompt tokens computed", lower_is_better=True)
     print_speedup(rows, "prefix cache off (m05)", "TTFT p50 (ms)", lower_is_better=True)

@@ -154,6 +154,16 @@ class PrefixCachingBlockManager(BlockManager):
             block.forget()
         return block_id
 
+    def reset_cache(self) -> bool:
+        """Forget every cached prefix (the blocks stay free, their contents unfindable). Only while no request
+        holds blocks, since a running request's blocks may be shared; returns whether it was done."""
+        if self.block_tables:
+            return False
+        for block in self.blocks:
+            block.forget()
+        self.cached_blocks.clear()
+        return True
+
     @property
     def num_cached_free_blocks(self) -> int:
         """Free blocks that still hold a findable prefix (evicted only when a new block is needed)."""

@@ -76,6 +76,11 @@ class LLMEngine(PagedEngine):
         manager = self.block_manager
         return super().kv_slots_holding_tokens() - manager.num_shared_references * manager.block_size
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix, as vLLM's ``reset_prefix_cache``: a measurement that repeats a workload
+        starts each run cold. Only on an idle engine; returns whether it was done."""
+        return self.block_manager.reset_cache()
+
     def make_output(self, request: Request) -> CachedRequestOutput:
         base = super().make_output(request)
         return CachedRequestOutput(**{f.name: getattr(base, f.name) for f in fields(base)},

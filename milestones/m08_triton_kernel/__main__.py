@@ -13,12 +13,14 @@ its torch path (what ``auto`` picks on a CPU).
 
 from __future__ import annotations
 
+import argparse
 import time
 
 import numpy as np
 import torch
 
-from milestones.m01_naive_loop.demo import (demo_parser, engine_config, measure, print_speedup, print_table,
+from milestones.m01_naive_loop.demo import (Case, check_cases, demo_parser, engine_config, exit_on_bad_input,
+                                            measure, parse_args, positive_int, print_speedup, print_table,
                                             random_prompts, same_tokens)
 from milestones.m05_paged_blocks.paged_attention import AttentionMetadata, GatherIndices, PagedKVCache
 from milestones.m07_chunked_prefill import LLMEngine as ChunkedPrefillEngine
@@ -27,6 +29,17 @@ from milestones.m08_triton_kernel.engine import triton_unavailable_reason
 
 KERNEL_COLUMNS = ["batch x context", "gather + SDPA (ms)", "Triton kernel (ms)", "speed-up", "max abs diff"]
 E2E_COLUMNS = ["label", "requests", "output tokens", "wall s", "output tok/s", "ms/token (mean ITL)"]
+
+
+def batch_x_context_list(text: str) -> list[tuple[int, int]]:
+    """argparse ``type=`` for ``"1x512,16x512"``: (batch, context) pairs of positive integers."""
+    try:
+        shapes = [tuple(positive_int(x) for x in shape.split("x")) for shape in text.split(",")]
+    except argparse.ArgumentTypeError:
+        shapes = []
+    if not shapes or any(len(shape) != 2 for shape in shapes):
+        raise argparse.ArgumentTypeError(f"expected BATCHxCONTEXT pairs such as 1x512,16x512, got {text!r}")
+    return shapes
 
 
 def time_ms(fn, device: torch.device, repeats: int) -> float:
@@ -85,33 +98,37 @@ def main(argv: list[str] | None = None) -> list[dict]:
                          prog="python -m milestones.m08_triton_kernel")
     parser.add_argument("--attention-backend", default="auto", choices=("auto", "torch", "triton"),
                         help="m08's decode attention: auto (Triton on a GPU, torch elsewhere), torch, triton")
-    parser.add_argument("--shapes", default="1x512,16x512,64x512",
+    parser.add_argument("--shapes", type=batch_x_context_list, default="1x512,16x512,64x512",
                         help="comma-separated BATCHxCONTEXT cases for the one-layer comparison")
-    parser.add_argument("--repeats", type=int, default=20, help="timed repeats per kernel case (GPU only)")
-    parser.add_argument("--num-prompts", type=int, default=16, help="requests for the end-to-end comparison")
-    parser.add_argument("--prompt-len", type=int, default=256, help="tokens per prompt")
-    parser.add_argument("--max-tokens", type=int, default=32, help="tokens to generate per request")
-    args = parser.parse_args(argv)
-    shapes = [tuple(int(x) for x in shape.split("x")) for shape in args.shapes.split(",")]
+    parser.add_argument("--kernel-repeats", type=positive_int, default=20,
+                        help="timed calls per kernel case (GPU only)")
+    parser.add_argument("--num-prompts", type=positive_int, default=16, help="requests for the end-to-end comparison")
+    parser.add_argument("--prompt-len", type=positive_int, default=256, help="tokens per prompt")
+    parser.add_argument("--max-tokens", type=positive_int, default=32, help="tokens to generate per request")
+    args = parse_args(parser, argv)
 
-    m08 = LLMEngine(engine_config(EngineConfig, args, attention_backend=args.attention_backend,
-                                  max_num_seqs=args.num_prompts))
+    with exit_on_bad_input(parser):
+        m08 = LLMEngine(engine_config(EngineConfig, args, attention_backend=args.attention_backend,
+                                      max_num_seqs=args.num_prompts))
+        m07 = ChunkedPrefillEngine(engine_config(EngineConfig, args, max_num_seqs=args.num_prompts))
+        prompts = random_prompts(m08.vocab_size, args.num_prompts, args.prompt_len, args.prompt_len, args.seed)
+        params = SamplingParams(max_tokens=args.max_tokens, ignore_eos=True)
+        cases = [Case("m07_chunked_prefill (torch attention)", m07, prompts, params),
+                 Case(f"m08_triton_kernel ({m08.attention_backend} attention)", m08, prompts, params)]
+        check_cases(cases)
     print(f"model {args.model!r} on {m08.device} in {m08.dtype}; attention backend: {m08.attention_backend}")
 
     reason = triton_unavailable_reason(m08.device.type)
     if reason is None:
-        rows = [kernel_row(m08, batch, context, args.repeats, args.seed + i) for i, (batch, context) in enumerate(shapes)]
+        rows = [kernel_row(m08, batch, context, args.kernel_repeats, args.seed + i)
+                for i, (batch, context) in enumerate(args.shapes)]
         note = "" if m08.device.type == "cuda" else " (Triton's interpreter: outputs compared, not timed)"
         print_table(rows, f"one decode attention layer at the model's shape, random paged K/V{note}",
                     KERNEL_COLUMNS)
     else:
         print(f"\nThe kernel cannot run here: {reason}.")
 
-    m07 = ChunkedPrefillEngine(engine_config(EngineConfig, args, max_num_seqs=args.num_prompts))
-    prompts = random_prompts(m08.vocab_size, args.num_prompts, args.prompt_len, args.prompt_len, args.seed)
-    params = SamplingParams(max_tokens=args.max_tokens, ignore_eos=True)
-    e2e = [measure(m07, prompts, params, "m07_chunked_prefill (torch attention)"),
-           measure(m08, prompts, params, f"m08_triton_kernel ({m08.attention_backend} attention)")]
+    e2e = measure(cases, args.repeats)
     print_table(e2e, f"{args.num_prompts} requests x {args.prompt_len}-token prompts -> {args.max_tokens} tokens",
                 E2E_COLUMNS)
     print()

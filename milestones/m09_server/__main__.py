@@ -15,9 +15,11 @@ import asyncio
 import dataclasses
 import importlib
 import math
+import statistics
 import sys
 
-from milestones.m01_naive_loop.demo import demo_parser, measure, print_table, random_prompts
+from milestones.m01_naive_loop.demo import (Case, check_cases, demo_parser, exit_on_bad_input, measure, parse_args,
+                                            positive_int, positive_rate, print_table, random_prompts)
 from milestones.m01_naive_loop.metrics import percentile
 
 from .cli import curl_example, serve
@@ -40,28 +42,32 @@ def demo(argv: list[str], milestone: str) -> list[dict]:
 
     parser = demo_parser("The engine offline, then behind its OpenAI-compatible server with concurrent streaming "
                          "clients. `serve --help` for the server itself.", prog=f"python -m {milestone}")
-    parser.add_argument("--num-requests", type=int, default=16)
-    parser.add_argument("--prompt-len", type=int, default=32, help="tokens per prompt")
-    parser.add_argument("--max-tokens", type=int, default=16, help="tokens per answer")
-    parser.add_argument("--max-num-seqs", type=int, default=8, help="requests in the running batch")
-    parser.add_argument("--max-model-len", type=int, default=512, help="sizes the K/V cache")
-    parser.add_argument("--rate", type=float, default=math.inf, help="requests/s, Poisson arrivals (inf: all at once)")
-    args = parser.parse_args(argv)
+    parser.add_argument("--num-requests", type=positive_int, default=16, help="requests, the same offline and served")
+    parser.add_argument("--prompt-len", type=positive_int, default=32, help="tokens per prompt")
+    parser.add_argument("--max-tokens", type=positive_int, default=16, help="tokens per answer")
+    parser.add_argument("--max-num-seqs", type=positive_int, default=8, help="requests in the running batch")
+    parser.add_argument("--max-model-len", type=positive_int, default=512, help="sizes the K/V cache")
+    parser.add_argument("--rate", type=positive_rate, default=math.inf,
+                        help="requests/s, Poisson arrivals (inf: all at once)")
+    args = parse_args(parser, argv)
 
     package = importlib.import_module(milestone)
     fields = {f.name for f in dataclasses.fields(package.EngineConfig)}
     # Prefix caching off (where the engine has it): the server would find the offline run's prompts in the cache.
     knobs = {k: v for k, v in {"max_num_seqs": args.max_num_seqs, "max_model_len": args.max_model_len,
                                "enable_prefix_caching": False}.items() if k in fields}
-    engine = package.LLMEngine(package.EngineConfig(model=args.model, device=args.device, dtype=args.dtype,
-                                                    seed=args.seed, **knobs))
+    with exit_on_bad_input(parser):
+        engine = package.LLMEngine(package.EngineConfig(model=args.model, device=args.device, dtype=args.dtype,
+                                                        seed=args.seed, **knobs))
+        prompts = random_prompts(engine.vocab_size, args.num_requests, args.prompt_len, args.prompt_len, args.seed)
+        params = package.SamplingParams(max_tokens=args.max_tokens, ignore_eos=True)
+        case = Case("offline generate", engine, prompts, params)
+        check_cases([case])
     print(f"model {args.model!r} on {engine.device} in {engine.dtype}; engine {engine.milestone}")
     if "enable_prefix_caching" in knobs:
         print("prefix caching off: the server gets the same prompts as the offline run and would find them cached")
-    prompts = random_prompts(engine.vocab_size, args.num_requests, args.prompt_len, args.prompt_len, args.seed)
-    params = package.SamplingParams(max_tokens=args.max_tokens, ignore_eos=True)
 
-    offline = measure(engine, prompts, params, "offline generate")
+    (offline,) = measure([case], args.repeats)
     with ServerThread(build_app(engine, served_model_name="demo")) as server:
         print(f"serving on {server.url}")
         asyncio.run(run_load(server.url, "demo", [(prompts[0], 2)], math.inf, progress=False))  # warm-up
@@ -79,7 +85,7 @@ def demo(argv: list[str], milestone: str) -> list[dict]:
     rate = "all at once" if math.isinf(args.rate) else f"Poisson arrivals at {args.rate:g}/s"
     print_table(rows, f"{args.num_requests} requests of {args.prompt_len} prompt tokens, {args.max_tokens} output "
                       f"tokens each, {args.max_num_seqs} in the batch; clients {rate}", COLUMNS)
-    print("\nTTFT includes queueing: a request waits for a seat in the batch and for the step in flight.")
+    print("(served, a request also waits for a seat in the batch and for the step in flight)")
     if summary["errors"]:
         print(f"errors: {summary['errors']}: {summary['error_samples']}")
     same = [r.text for r in results] == [o.text for o in offline["_outputs"]]
@@ -90,15 +96,22 @@ def demo(argv: list[str], milestone: str) -> list[dict]:
 
 
 def with_percentiles(row: dict) -> dict:
-    """An offline ``measure`` row with the same latency columns as the server's, from the engine's timestamps."""
-    metrics = [o.metrics for o in row["_outputs"]]
-    columns = {"TTFT": [m.ttft for m in metrics if m.ttft is not None],
-               "ITL": [gap for m in metrics for gap in m.inter_token_latencies],
-               "E2E": [m.finish_time - m.arrival_time for m in metrics if m.finish_time is not None]}
-    for name, values in columns.items():
-        for q in (50, 99):
-            value = percentile(values, q)
-            row[f"{name} p{q} (ms)"] = None if value is None else value * 1000
+    """An offline ``measure`` row with the same latency columns as the server's, from the engine's timestamps
+    (each round's percentile, then the median over the rounds, as ``measure`` does for its own columns)."""
+    per_round: dict[str, list[float]] = {}
+    for run in row.get("_runs", [row]):
+        metrics = [o.metrics for o in run["_outputs"]]
+        columns = {"TTFT": [m.ttft for m in metrics if m.ttft is not None],
+                   "ITL": [gap for m in metrics for gap in m.inter_token_latencies],
+                   "E2E": [m.finish_time - m.arrival_time for m in metrics if m.finish_time is not None]}
+        for name, values in columns.items():
+            for q in (50, 99):
+                value = percentile(values, q)
+                if value is not None:
+                    per_round.setdefault(f"{name} p{q} (ms)", []).append(value * 1000)
+    for column in ("TTFT p50 (ms)", "TTFT p99 (ms)", "ITL p50 (ms)", "ITL p99 (ms)", "E2E p50 (ms)", "E2E p99 (ms)"):
+        values = per_round.get(column)
+        row[column] = statistics.median(values) if values else None
     return row
 
 

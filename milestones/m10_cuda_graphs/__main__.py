@@ -15,7 +15,8 @@ import sys
 
 import torch
 
-from milestones.m01_naive_loop.demo import (demo_parser, engine_config, measure, print_speedup, print_table,
+from milestones.m01_naive_loop.demo import (Case, check_cases, demo_parser, engine_config, exit_on_bad_input,
+                                            measure, parse_args, positive_int, print_speedup, print_table,
                                             random_prompts, same_tokens)
 from milestones.m09_server import LLMEngine as ServerEngine
 from milestones.m10_cuda_graphs import EngineConfig, LLMEngine, SamplingParams
@@ -72,31 +73,34 @@ def main(argv: list[str] | None = None):
     parser = demo_parser("m10: decode steps replayed from CUDA graphs; eager against replayed per batch size, "
                          "then m09 against m10 end to end. `serve --help` for the server.",
                          prog="python -m milestones.m10_cuda_graphs")
-    parser.add_argument("--max-num-seqs", type=int, default=64, help="largest batch (and graph) size")
-    parser.add_argument("--context", type=int, default=512, help="keys per sequence in the step-time table")
-    parser.add_argument("--repeats", type=int, default=20, help="timed steps per batch size")
-    parser.add_argument("--num-prompts", type=int, default=16, help="requests for the end-to-end comparison")
-    parser.add_argument("--prompt-len", type=int, default=128, help="tokens per prompt")
-    parser.add_argument("--max-tokens", type=int, default=32, help="tokens to generate per request")
-    args = parser.parse_args(argv)
+    parser.add_argument("--max-num-seqs", type=positive_int, default=64, help="largest batch (and graph) size")
+    parser.add_argument("--context", type=positive_int, default=512, help="keys per sequence in the step-time table")
+    parser.add_argument("--step-repeats", type=positive_int, default=20, help="timed steps per batch size")
+    parser.add_argument("--num-prompts", type=positive_int, default=16, help="requests for the end-to-end comparison")
+    parser.add_argument("--prompt-len", type=positive_int, default=128, help="tokens per prompt")
+    parser.add_argument("--max-tokens", type=positive_int, default=32, help="tokens to generate per request")
+    args = parse_args(parser, argv)
 
-    m10 = LLMEngine(engine_config(EngineConfig, args, max_num_seqs=args.max_num_seqs))
+    with exit_on_bad_input(parser):
+        m10 = LLMEngine(engine_config(EngineConfig, args, max_num_seqs=args.max_num_seqs))
+        m09 = ServerEngine(engine_config(EngineConfig, args, max_num_seqs=args.max_num_seqs))
+        prompts = random_prompts(m10.vocab_size, args.num_prompts, args.prompt_len, args.prompt_len, args.seed)
+        params = SamplingParams(max_tokens=args.max_tokens, ignore_eos=True)
+        cases = [Case("m09_server (eager)", m09, prompts, params), Case("m10_cuda_graphs", m10, prompts, params)]
+        check_cases(cases)
     print(f"model {args.model!r} on {m10.device} in {m10.dtype}")
     print(m10.describe_kv_cache())
     print(m10.describe_cuda_graphs())
     if m10.graph_runner is not None:
-        print_table(step_rows(m10, args.context, args.repeats),
+        print_table(step_rows(m10, args.context, args.step_repeats),
                     f"one decode step, {args.context} keys per sequence: launched eagerly vs replayed", STEP_COLUMNS)
 
-    m09 = ServerEngine(engine_config(EngineConfig, args, max_num_seqs=args.max_num_seqs))
-    prompts = random_prompts(m10.vocab_size, args.num_prompts, args.prompt_len, args.prompt_len, args.seed)
-    params = SamplingParams(max_tokens=args.max_tokens, ignore_eos=True)
-    rows = [measure(m09, prompts, params, "m09_server (eager)"), measure(m10, prompts, params, "m10_cuda_graphs")]
+    rows = measure(cases, args.repeats)
     print_table(rows, f"{args.num_prompts} requests x {args.prompt_len}-token prompts -> {args.max_tokens} tokens",
                 E2E_COLUMNS)
     print()
     print_speedup(rows, "m09_server (eager)", "output tok/s")
-    print(f"graph steps {m10.stats.graph_steps}, eager steps {m10.stats.eager_steps}")
+    print(f"graph steps {rows[1]['_stats'].graph_steps}, eager steps {rows[1]['_stats'].eager_steps} (one run)")
     identical = same_tokens(rows)
     print(f"identical tokens (greedy): {'yes' if identical else 'NO'}")
     if not identical and m10.dtype != torch.float32:
