@@ -1,5 +1,6 @@
 """transformers as the yardstick: ``generate`` on static batches (``hf-static``) and its continuous batching
-manager (``hf-cb``), on exactly our weights.
+manager (``hf-cb``), on exactly our weights. (``hf-compiled``, in ``hf_compiled.py``, is hf-static with a
+static K/V cache and compiled decoding steps.)
 
 Both use ``transformers.Qwen3ForCausalLM`` built from our preset's config with ``attn_implementation="sdpa"``,
 with the weights copied from our own engine's model (same seed, same values), in the same dtype.
@@ -78,6 +79,8 @@ def _output(request_id: str, spec: RequestSpec, tokens: list[int], arrival: floa
 
 
 class _BaselineRunner(Runner):
+    gate_skip_reason = "a transformers baseline: it is the reference itself"  # the gate's record says this
+
     @classmethod
     def cannot_run(cls, workload: Workload) -> str | None:
         if workload.needs_step_api:
@@ -131,17 +134,27 @@ class HFStaticRunner(_BaselineRunner):
     """``model.generate`` over static batches of ``max_num_seqs`` requests, in request order."""
 
     engine_label = "transformers.generate (static batches, left padding)"
+    extra_knobs: tuple[str, ...] = ()  # config overrides a subclass takes besides max_num_seqs
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        if self.overrides:
-            raise ValueError(f"hf-static takes only max_num_seqs as a knob, got {sorted(self.overrides)}")
+        unknown = sorted(set(self.overrides) - set(self.extra_knobs))
+        if unknown:
+            raise ValueError(f"{self.name} has no knob(s) {unknown} (it takes: "
+                             f"{', '.join(('max_num_seqs',) + self.extra_knobs)})")
 
     def knobs(self) -> dict:
         return {**self._base_knobs(), "batching": "static, request order", "padding": "left, to the longest prompt",
                 "max_new_tokens": "longest output asked for in the batch", "eos": "ignored"}
 
-    def _generate(self, batch: list[RequestSpec]) -> tuple[torch.Tensor, list[float], int]:
+    def _generate_kwargs(self) -> dict:
+        """Extra arguments of every ``generate`` call (a subclass's cache and compilation settings)."""
+        return {}
+
+    def _generate(self, batch: list[RequestSpec], max_new_tokens: int | None = None
+                  ) -> tuple[torch.Tensor, list[float], int]:
+        """One static batch, left-padded: its generated tokens ``[rows, new_tokens]``, the time after each
+        step, and the padded prompt length. ``max_new_tokens`` caps the batch's longest output (warm-ups)."""
         from transformers import StoppingCriteriaList
 
         longest = max(r.prompt_len for r in batch)
@@ -151,33 +164,45 @@ class HFStaticRunner(_BaselineRunner):
             ids[row, longest - r.prompt_len:] = torch.tensor(r.prompt_token_ids)
             mask[row, longest - r.prompt_len:] = 1
         new_tokens = max(r.max_tokens for r in batch)
+        if max_new_tokens is not None:
+            new_tokens = min(new_tokens, max_new_tokens)
         timer = _StepTimer(self.device)
         with torch.inference_mode():
             out = self.model.generate(
                 input_ids=ids.to(self.device), attention_mask=mask.to(self.device), max_new_tokens=new_tokens,
                 do_sample=False, eos_token_id=None, pad_token_id=PAD_ID, use_cache=True,
-                stopping_criteria=StoppingCriteriaList([timer]),
+                stopping_criteria=StoppingCriteriaList([timer]), **self._generate_kwargs(),
             )
         generated = out[:, longest:].cpu()
         if generated.shape[1] != new_tokens:
             raise RuntimeError(f"generate stopped after {generated.shape[1]} of {new_tokens} tokens")
         return generated, timer.times, longest
 
-    def warmup(self) -> None:
+    def warmup(self) -> dict | None:
         self._generate(warmup_requests())
+        return None
+
+    def batches(self, phase: Phase) -> list[list[RequestSpec]]:
+        """The static batches of a phase: ``max_num_seqs`` requests at a time, in request order."""
+        requests = list(phase.requests)
+        return [requests[first:first + self.max_num_seqs] for first in range(0, len(requests), self.max_num_seqs)]
+
+    def _kv_reserved_tokens(self, rows: int, longest: int, new_tokens: int) -> int:
+        """K/V positions the batch's cache holds at its peak: transformers' dynamic cache holds every row at the
+        padded length until the batch ends."""
+        return rows * (longest + new_tokens - 1)
 
     def run_phase(self, phase: Phase, use_tqdm: bool) -> PhaseResult:
         from tqdm.auto import tqdm
 
-        requests = list(phase.requests)
         stats = dict(steps=0, tokens_computed=0, padding_tokens=0, prompt_tokens_computed=0,
                      kv_reserved_peak_bytes=0, kv_used_peak_bytes=0)
         outputs: list[RequestOutput] = []
+        first = 0
         sync(self.device)
         start = time.perf_counter()
-        with tqdm(total=len(requests), desc="hf-static", unit="req", disable=not use_tqdm) as bar:
-            for first in range(0, len(requests), self.max_num_seqs):
-                batch = requests[first:first + self.max_num_seqs]
+        with tqdm(total=len(phase.requests), desc=self.name, unit="req", disable=not use_tqdm) as bar:
+            for batch in self.batches(phase):
                 generated, times, longest = self._generate(batch)
                 for row, spec in enumerate(batch):
                     tokens = generated[row, :spec.max_tokens].tolist()
@@ -189,10 +214,11 @@ class HFStaticRunner(_BaselineRunner):
                 stats["tokens_computed"] += computed
                 stats["padding_tokens"] += computed - useful
                 stats["prompt_tokens_computed"] += sum(r.prompt_len for r in batch)
-                # transformers' dynamic cache holds every row at the padded length until the batch ends.
+                reserved = self._kv_reserved_tokens(len(batch), longest, new_tokens)
                 stats["kv_reserved_peak_bytes"] = max(stats["kv_reserved_peak_bytes"],
-                                                      computed * self.kv_bytes_per_token)
+                                                      reserved * self.kv_bytes_per_token)
                 stats["kv_used_peak_bytes"] = max(stats["kv_used_peak_bytes"], useful * self.kv_bytes_per_token)
+                first += len(batch)
                 bar.update(len(batch))
         sync(self.device)
         wall = time.perf_counter() - start

@@ -135,8 +135,9 @@ class CorrectnessGate:
         try:
             with time_limit(time_limit_s):
                 workload = gate_workload(get_workload(item.workload), self.num_requests, self.output_cap)
-                if item.engine in registered_runners():
-                    skip = "a transformers baseline: it is the reference itself"
+                runners = registered_runners()
+                if item.engine in runners:
+                    skip = getattr(runners[item.engine], "gate_skip_reason", "a registered runner: not gated")
                 else:
                     skip = cannot_run(item.engine, workload, self.model)
                 if skip is not None:

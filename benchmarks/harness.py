@@ -4,9 +4,10 @@
     save_result(result, "benchmarks/results")   # -> benchmarks/results/h200/m02_single.json
 
 Steps for every run: check that the engine can run the workload at all (else the result says ``skipped`` and
-why), build the runner (``runners.make_runner``), warm it up on a couple of short requests (so compilation,
-CUDA graph capture and first allocations stay out of the timing), then ``measure``: run each phase of the
-workload, timed, and summarize the ``RequestOutput`` timestamps with ``milestones.m01_naive_loop.metrics``.
+why), build the runner (``runners.make_runner``), warm it up (a couple of short requests, or whatever the runner
+says it ran: so that compilation, CUDA graph capture and first allocations stay out of the timing), then
+``measure``: run each phase of the workload, timed, and summarize the ``RequestOutput`` timestamps with
+``milestones.m01_naive_loop.metrics``.
 ``measure`` is also what an interleaved comparison (``compare.py``) calls once per repeat.
 
 Every result records a hash of the output token ids (``tokens``), so that two engines, two dtypes or two
@@ -141,7 +142,8 @@ def free_memory() -> None:
 
 
 # Scalars that add up over phases: these, and every key ending in "_tokens", "_byte_steps" or "_records".
-ADDITIVE_STATS = ("steps", "tokens_computed", "padding_tokens", "prompt_tokens_computed", "num_preemptions")
+ADDITIVE_STATS = ("steps", "tokens_computed", "padding_tokens", "prompt_tokens_computed", "num_preemptions",
+                  "torch_compilations")
 
 
 def _is_additive(key: str) -> bool:
@@ -325,9 +327,9 @@ def build_runner(milestone: str, workload: Workload, result: dict, *, model: str
         result["env"] = environment(runner.device)
         if warmup:
             began = time.perf_counter()
-            runner.warmup()
-            result["warmup"] = {"num_requests": len(WARMUP_PROMPT_LENS), "prompt_lens": list(WARMUP_PROMPT_LENS),
-                                "output_len": WARMUP_OUTPUT_LEN, "wall_time_s": time.perf_counter() - began}
+            ran = runner.warmup() or {"num_requests": len(WARMUP_PROMPT_LENS), "prompt_lens": list(WARMUP_PROMPT_LENS),
+                                      "output_len": WARMUP_OUTPUT_LEN}
+            result["warmup"] = {**ran, "wall_time_s": time.perf_counter() - began}
         result["config"] = runner.knobs()
     except BaseException:
         runner.close()

@@ -35,7 +35,7 @@ from milestones.m01_naive_loop.request import RequestOutput
 
 from .workloads import Phase, RequestSpec, Workload, milestone_key
 
-RUNNER_PLUGINS = ("benchmarks.baselines",)  # modules whose import registers runners
+RUNNER_PLUGINS = ("benchmarks.baselines", "benchmarks.hf_compiled")  # modules whose import registers runners
 STEP_API = ("add_request", "step", "has_unfinished", "abort")
 WARMUP_PROMPT_LENS = (16, 32)  # two short requests ...
 WARMUP_OUTPUT_LEN = 8  # ... of a few decode steps each
@@ -74,7 +74,9 @@ class Runner:
     def knobs(self) -> dict:
         raise NotImplementedError
 
-    def warmup(self) -> None:
+    def warmup(self) -> dict | None:
+        """Run untimed work so that compilation, graph capture and first allocations stay out of the timing.
+        Returns what it ran, for the JSON's ``warmup``, where that is not the default (``warmup_requests()``)."""
         raise NotImplementedError
 
     def run_phase(self, phase: Phase, use_tqdm: bool) -> PhaseResult:

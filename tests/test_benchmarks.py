@@ -239,11 +239,12 @@ def _imports(module) -> set[str]:
 
 
 def test_dependencies_run_one_way():
-    from benchmarks import baselines, harness
+    from benchmarks import baselines, harness, hf_compiled
 
     assert _imports(runners) == {"workloads"}
     assert _imports(baselines) == {"runners", "workloads"}
-    assert "baselines" not in _imports(harness)
+    assert _imports(hf_compiled) == {"baselines", "runners", "workloads"}
+    assert not {"baselines", "hf_compiled"} & _imports(harness)
 
 
 def test_a_registered_runner_is_found_by_name(monkeypatch):
@@ -316,6 +317,60 @@ def test_hf_static_matches_our_engine_token_for_token():
     ours = runners.make_runner("m02", wl, **kwargs).run_phase(wl.phases[0], use_tqdm=False).outputs
     theirs = runners.make_runner("hf-static", wl, **kwargs).run_phase(wl.phases[0], use_tqdm=False).outputs
     assert [o.token_ids for o in ours] == [o.token_ids for o in theirs]
+
+
+# aot_eager traces and compiles exactly what inductor would be given, in seconds on a CPU (inductor: tens of seconds)
+QUICK_COMPILE = (("max_num_seqs", 2), ("compile_backend", "aot_eager"), ("compile_mode", None))
+
+
+def test_hf_compiled_gives_hf_statics_tokens_and_compiles_only_while_warming_up():
+    """Batches of 2 and 1: two decoding shapes, both compiled in the warm-up, none in the timed run."""
+    wl = _uneven_prefix_workload()
+    kwargs = dict(model="tiny", device="cpu", use_tqdm=False, log=None)
+    static = run_benchmark("hf-static", wl, overrides={"max_num_seqs": 2}, **kwargs)
+    compiled = run_benchmark("hf-compiled", wl, overrides=dict(QUICK_COMPILE), **kwargs)
+    assert compiled["status"] == "ok", compiled.get("error")
+    assert compiled["tokens"]["sha256"] == static["tokens"]["sha256"]  # float32: the same greedy tokens
+    warmup = compiled["warmup"]
+    assert [s["rows"] for s in warmup["shapes"]] == [2, 1] and warmup["torch_compilations"] == 2
+    assert all(s["torch_compilations"] == 1 for s in warmup["shapes"]) and warmup["cudagraph_skips"] == 0
+    metrics, config = compiled["metrics"], compiled["config"]
+    assert metrics["torch_compilations"] == 0
+    assert config["max_cache_len"] == max(49 + 5, 50 + 8)  # batches: prompts 48, 49 (outputs 3, 5); 50 (8)
+    assert config["compile"]["fullgraph"] and config["compile"]["dynamic"] is False
+    for key in ("steps", "tokens_computed", "padding_tokens", "output_tokens", "prompt_tokens_computed"):
+        assert metrics[key] == static["metrics"][key], key
+    per_token = runners.kv_bytes_per_token(runners.model_config("tiny"), torch.float32)
+    assert metrics["kv_reserved_peak_bytes"] == 2 * config["max_cache_len"] * per_token
+    assert metrics["ttft_p50_s"] > 0 and metrics["itl_p50_s"] > 0
+
+
+def test_hf_compiled_refuses_to_pass_for_an_eager_static_cache(monkeypatch):
+    """If generate does not compile (here: no compile_config, on a CPU), the warm-up says so instead of
+    measuring an eager static cache under the compiled peer's name."""
+    from benchmarks.hf_compiled import HFCompiledRunner
+
+    monkeypatch.setattr(HFCompiledRunner, "_generate_kwargs",
+                        lambda self: {"cache_implementation": "static", "max_cache_len": self.max_cache_len})
+    result = run_benchmark("hf-compiled", _uneven_prefix_workload(), model="tiny", device="cpu",
+                           overrides=dict(QUICK_COMPILE), use_tqdm=False, log=None, catch_errors=True)
+    assert result["status"] == "error" and "did not compile" in result["error"]
+    with pytest.raises(ValueError, match="compile_backend"):
+        runners.make_runner("hf-compiled", _uneven_prefix_workload(), model="tiny", device="cpu", dtype="auto",
+                            seed=0, overrides={"block_size": 16})
+
+
+def test_hf_compiled_is_a_member_of_an_interleaved_comparison():
+    wl = tiny_workload("offline", ((20, 4), (27, 5), (34, 6)))
+    members = [compare.Member("hf-compiled", QUICK_COMPILE), compare.Member("m04")]
+    results = compare.run_comparison(members, wl, 2, model="tiny", device="cpu", dtype="auto", log=None)
+    assert [r["status"] for r in results] == ["ok", "ok"], [r["error"] for r in results]
+    hf, m04 = results
+    assert hf["name"] == "hf-compiled_offline" and hf["comparison"]["reference"] == "hf-compiled"
+    assert [rep["metrics"]["torch_compilations"] for rep in hf["repeats"]] == [0, 0]
+    assert hf["tokens"]["identical_across_repeats"] and hf["tokens"]["sha256"] == m04["tokens"]["sha256"]
+    [row] = report.comparison_rows(results)
+    assert row[0] == "m04 / hf-compiled: output_tokens_per_s, offline" and row[2] == 2
 
 
 # --------------------------------------------------------------------------- the correctness gate
@@ -560,6 +615,27 @@ def test_sets_list_and_expand(capsys):
     assert [m.overrides for m in budgets.members][0] == (("max_num_batched_tokens", None),)
     items = gpu_suite.gate_items(gpu_suite.SETS["m03-batch-sweep"], num_requests=4)
     assert [i.label for i in items] == ["m03:offline"]  # batch sizes >= 4 cannot change a 4-request gate
+
+
+def test_m10_peers_gates_m10_both_ways_and_budgets_hf_compileds_compile():
+    entries = gpu_suite.SETS["m10-peers"]
+    labels = [i.label for i in gpu_suite.gate_items(entries, num_requests=4)]
+    assert labels == ["m10:offline", "m10+eager:offline", "hf-compiled:offline", "hf-static:offline",
+                      "hf-cb:offline"]
+    [pair] = [e for e in entries if isinstance(e, suite_sets.Compare)]
+    assert [m.engine for m in pair.members] == ["hf-compiled", "m10"] and pair.repeats == 3
+    hf_compiled, m10 = pair.members
+    assert pair.est_s((m10,)) == 20 + 3 * 5 and pair.est_s() == 130 + 3 * 8 + 20 + 3 * 5  # per-engine builds
+    assert [(e.milestone, e.workload) for e in entries if isinstance(e, suite_sets.Run)] == [
+        ("hf-static", "offline"), ("hf-cb", "offline")]
+
+
+def test_the_gate_says_why_it_skips_each_baseline():
+    gate = CorrectnessGate("tiny", "cpu", log=None)
+    records = {name: gate.check(GateItem(name, "offline")) for name in ("hf-static", "hf-compiled")}
+    assert {r["status"] for r in records.values()} == {"skipped"} and not gate.has_reference
+    assert "reference itself" in records["hf-static"]["error"]
+    assert "equal hf-static's in the CPU tests" in records["hf-compiled"]["error"]
 
 
 def test_unpack_writes_runs_and_the_call_record(tmp_path):
