@@ -23,9 +23,11 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # in case nothing imported triton yet (see the last test)
 pytest.importorskip("triton")
 
+from benchmarks.kernel_bench import SWEEP_CONFIGS  # noqa: E402
+from milestones.m08_triton_kernel import paged_decode_kernel  # noqa: E402
 from milestones.m08_triton_kernel.paged_decode_kernel import (  # noqa: E402
-    DEFAULT_CONFIG, INTERPRETER_PROBLEM, MAX_SPLITS, DecodeKernelConfig, choose_num_splits, paged_decode_attention,
-    paged_decode_attention_reference)
+    DEFAULT_CONFIG, INTERPRETER_PROBLEM, LAUNCH_TABLE, MAX_SPLITS, DecodeKernelConfig, choose_launch,
+    choose_num_splits, paged_decode_attention, paged_decode_attention_reference)
 from milestones.m08_triton_kernel.store_kv_kernel import store_kv  # noqa: E402
 
 CUDA = torch.cuda.is_available()
@@ -54,7 +56,8 @@ class PagedBatch:
     """
 
     def __init__(self, lengths, num_heads=4, num_kv_heads=2, head_dim=16, block_size=BLOCK, dtype=torch.float32,
-                 seed=0, device=DEVICE, spare_blocks=3, extra_columns=2):
+                 seed=0, device=DEVICE, spare_blocks=3, extra_columns=2, lens_dtype=torch.int32,
+                 table_dtype=torch.int32):
         gen = torch.Generator().manual_seed(seed)
         needed = [-(-n // block_size) for n in lengths]
         num_blocks = sum(needed) + spare_blocks
@@ -75,8 +78,8 @@ class PagedBatch:
                 v_cache[block, :used] = torch.randn(used, num_kv_heads, head_dim, generator=gen)
         self.q = torch.randn(len(lengths), num_heads, head_dim, generator=gen).to(device, dtype)
         self.k_cache, self.v_cache = k_cache.to(device, dtype), v_cache.to(device, dtype)
-        self.block_tables = tables.to(device)
-        self.context_lens = torch.tensor(lengths, dtype=torch.int32).view(len(lengths)).to(device)
+        self.block_tables = tables.to(device, table_dtype)
+        self.context_lens = torch.tensor(lengths, dtype=lens_dtype).view(len(lengths)).to(device)
         self.scale = 1 / math.sqrt(head_dim)
 
     def args(self):
@@ -142,6 +145,16 @@ def test_tiles_smaller_and_larger_than_blocks(tile, block_size):
 def test_dots_in_fp32_match(dtype):
     batch = PagedBatch([5, 70, 130], dtype=dtype, seed=3)
     assert_matches(batch.run(config=DecodeKernelConfig(dot_in_fp32=True), num_splits=2), batch)
+
+
+@pytest.mark.parametrize("lens_dtype, table_dtype", [(torch.int64, torch.int64), (torch.int64, torch.int32),
+                                                     (torch.int32, torch.int64)], ids=str)
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_int64_lengths_and_tables(lens_dtype, table_dtype, num_splits):
+    """The engine's metadata is int64: lengths and block ids of either width, on both paths. (The interpreter never
+    type-checks the kernel; tests/compile_for_gpu.py compiles these variants, see test_kernels_compile_for_hopper.)"""
+    batch = PagedBatch([1, 17, 70], seed=12, lens_dtype=lens_dtype, table_dtype=table_dtype)
+    assert_matches(batch.run(num_splits=num_splits), batch)
 
 
 def test_qwen3_shape_small():
@@ -222,6 +235,54 @@ def test_choose_num_splits():
     for batch in range(1, 80):  # never more programs than one wave unless unsplit
         splits = choose_num_splits(batch, 8, 4096, sms)
         assert splits == 1 or batch * 8 * splits <= DEFAULT_CONFIG.programs_per_sm * sms
+
+
+def test_choose_launch_takes_the_table_entry_of_the_regime():
+    sms = 132
+    assert choose_launch(64, 8, 2048, sms) == (LAUNCH_TABLE["direct"], 1)  # 512 programs fill the GPU
+    assert choose_launch(1, 8, 2048, sms) == (LAUNCH_TABLE["split"], 16)
+    assert choose_launch(1, 8, 16, sms) == (LAUNCH_TABLE["direct"], 1)  # one tile of keys: nothing to split
+    table = {"direct": DecodeKernelConfig(tile_tokens=32), "split": DecodeKernelConfig(programs_per_sm=1)}
+    assert choose_launch(16, 8, 2048, sms, table) == (table["direct"], 1)  # 128 programs x 1 per SM: one wave
+    assert choose_launch(8, 8, 2048, sms, table) == (table["split"], 2)
+
+
+def test_the_wrapper_launches_the_table_config_of_each_regime(monkeypatch):
+    """config=None: the split path runs LAUNCH_TABLE["split"], the direct path LAUNCH_TABLE["direct"]."""
+    launches = []
+    kernel = paged_decode_kernel._paged_decode_kernel
+
+    class Recorder:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                launches.append((grid, kwargs["TILE"], kwargs["num_stages"]))
+                return kernel[grid](*args, **kwargs)
+            return launch
+
+    monkeypatch.setattr(paged_decode_kernel, "_paged_decode_kernel", Recorder())
+    monkeypatch.setitem(LAUNCH_TABLE, "direct", DecodeKernelConfig(tile_tokens=16, num_stages=2))
+    monkeypatch.setitem(LAUNCH_TABLE, "split", DecodeKernelConfig(tile_tokens=32, num_stages=3, programs_per_sm=4))
+    batch = PagedBatch([5, 70, 130], seed=3)
+    # 3 sequences x 2 K/V heads on the interpreter's 8 "SMs": 4 x 8 // 6 = 5 slices fit, 130 keys are worth 2
+    assert_matches(batch.run(max_context_len=130), batch)
+    assert_matches(batch.run(num_splits=1), batch)
+    assert_matches(batch.run(num_splits=3), batch)
+    assert_matches(batch.run(num_splits=3, config=DecodeKernelConfig(tile_tokens=64)), batch)  # a given config
+    assert launches == [((3, 2, 2), 32, 3), ((3, 2, 1), 16, 2), ((3, 2, 3), 32, 3), ((3, 2, 3), 64, 3)]
+
+
+def test_checks_still_run_for_every_new_layout():
+    """The wrapper checks each layout once and remembers it: a new layout (bad or not) is checked again."""
+    batch = PagedBatch([5, 9], seed=1)
+    assert_matches(batch.run(), batch)
+    with pytest.raises(ValueError):
+        batch.run(out=torch.empty(2, 4, 16, device=DEVICE).half())
+    with pytest.raises(ValueError):
+        paged_decode_attention(batch.q, batch.k_cache, batch.v_cache, batch.block_tables.float(),
+                               batch.context_lens, batch.scale)
+    with pytest.raises(ValueError):
+        batch.run(num_splits=0)  # per-call arguments are checked on every call
+    assert_matches(batch.run(), batch)
 
 
 def test_more_splits_than_tiles_are_harmless():
@@ -321,7 +382,7 @@ def test_kernel_bench_smoke(tmp_path):
 
     out = tmp_path / "kernel_bench.json"
     args = ["--batch", "1,2", "--context", "17", "--num-heads", "4", "--num-kv-heads", "2", "--head-dim", "16",
-            "--repeats", "1", "--copy-mib", "1", "--out", str(out)]
+            "--replays", "2", "--min-calls", "2", "--copy-mib", "1", "--out", str(out)]
     if not CUDA:
         args += ["--device", "cpu"]
     kernel_bench.main(args + ["--autotune-sweep", "--sweep-shapes", "1x40"])
@@ -329,13 +390,37 @@ def test_kernel_bench_smoke(tmp_path):
     assert result["name"] == "kernel_bench" and result["ok"] is True
     assert {"gpu_slug", "torch", "triton", "git_commit"} <= result["env"].keys()
     assert result["copy_bandwidth_gbs"] > 0 and result["shape"]["num_kv_heads"] == 2
+    assert {"judged_on", "gpu", "wall", "host", "why"} <= result["timing"].keys()
+    assert result["launch_table"]["direct"]["tile_tokens"] == LAUNCH_TABLE["direct"].tile_tokens
     assert [(c["batch"], c["context"]) for c in result["cases"]] == [(1, 17), (2, 17)]
     for case in result["cases"]:
         assert {"triton_ms", "gather_ms", "speedup", "triton_wall_ms", "gather_wall_ms", "speedup_wall",
-                "triton_gbs", "copy_fraction", "max_abs_diff", "num_splits", "kv_bytes"} <= case.keys()
+                "triton_host_ms", "gather_host_ms", "triton_gbs", "copy_fraction", "max_abs_diff", "num_splits",
+                "regime", "config_name", "kv_bytes"} <= case.keys()
+        assert case["copies"] >= 2  # calls rotate over copies of the K/V
         assert case["kv_bytes"] == 2 * case["batch"] * 17 * 2 * 16 * 2  # K and V, bf16
         assert case["max_abs_diff"] <= kernel_bench.BF16_TOLERANCE
     assert {r["config_name"] for r in result["sweep"]} == set(kernel_bench.SWEEP_CONFIGS)
+    recommended = result["recommended_table"]
+    assert recommended["direct"] in kernel_bench.SWEEP_CONFIGS and recommended["score"] >= 1.0
+    assert "LAUNCH_TABLE" in recommended["paste"]
+
+
+def test_recommend_table_scores_every_pair_of_configs():
+    """The table's time at a shape is its split entry's split row if that entry splits there, else its direct
+    entry's direct row; the pair with the lowest geometric mean of time / best time wins."""
+    from benchmarks.kernel_bench import recommend_table
+
+    def row(name, regime, batch, ms):
+        return {"config_name": name, "regime": regime, "batch": batch, "context": 2048, "triton_ms": ms}
+
+    sweep = [row("t64-w4-s3", "direct", 1, 9.0), row("t64-w4-s3", "split", 1, 2.0),
+             row("t64-w4-s2", "direct", 1, 8.0), row("t64-w4-s2", "split", 1, 3.0),
+             row("t64-w4-s3", "direct", 64, 1.2), row("t64-w4-s2", "direct", 64, 1.0)]
+    table = recommend_table(sweep)
+    assert (table["direct"], table["split"], table["score"]) == ("t64-w4-s2", "t64-w4-s3", 1.0)
+    assert [s["regime"] for s in table["per_shape"]] == ["split", "direct"]
+    assert table["never_split_best_score"] == pytest.approx(math.sqrt(8.0 / 2.0))
 
 
 def test_kernel_bench_rejects_bad_arguments():
@@ -365,12 +450,9 @@ def test_cuda_qwen3_shape(dtype, size):
 
 
 @cuda_only
-@pytest.mark.parametrize("name", ["t64-w4-s3 (default)", "t64-w4-s2", "t64-w4-s4", "t64-w4-s1", "t64-w8-s3",
-                                  "t32-w4-s3", "t32-w4-s4", "t16-w4-s4", "t128-w8-s2", "t64-w4-s3 fp32 dots"])
+@pytest.mark.parametrize("name", list(SWEEP_CONFIGS))
 def test_cuda_every_sweep_config(name):
-    from benchmarks.kernel_bench import SWEEP_CONFIGS
-
-    config, _ = SWEEP_CONFIGS[name]
+    config = SWEEP_CONFIGS[name]
     batch = PagedBatch([1, 300, 2048, 17], num_heads=16, num_kv_heads=8, head_dim=128, dtype=torch.bfloat16,
                        seed=1)
     assert_matches(batch.run(config=config), batch)
@@ -421,6 +503,36 @@ def test_cuda_graph_replay_follows_new_lengths_and_tables(num_splits):
     graph.replay()
     torch.cuda.synchronize()
     assert_matches(out, batch)
+
+
+# --------------------------------------------------------------------------- compiled for the GPU, on any machine
+
+
+@pytest.mark.slow
+def test_kernels_compile_for_hopper():
+    """Triton's compiler, not its interpreter, on every launch of the wrappers: direct and split paths, each dtype,
+    int32 and int64 lengths and tables, compiled for sm_90 (the H200) through to a cubin, with no GPU. The
+    interpreter runs kernels as numpy code and never type-checks them (it let an int64 length through that the
+    compiler rejects); tests/compile_for_gpu.py runs in its own process because Triton picks one mode at import."""
+    script = Path(__file__).with_name("compile_for_gpu.py")
+    result = subprocess.run([sys.executable, str(script), "--json"], cwd=script.parents[1], capture_output=True,
+                            text=True, timeout=900)
+    if result.returncode == 77:
+        pytest.skip(result.stdout.strip())
+    assert result.stdout.strip(), result.stderr[-3000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    failures = [f"{r['variant']}: {r['error']}" for r in report["results"] if not r["ok"]]
+    assert not failures, "\n\n".join(failures)
+    assert report["target"] == "cuda:90" and result.returncode == 0
+    compiled = {r["variant"]: r["kernels"] for r in report["results"]}
+    for dtype in ("float32", "float16", "bfloat16"):
+        for index in ("int32", "int64"):
+            direct = compiled[f"decode direct {dtype} lens/tables {index}"]
+            split = compiled[f"decode split {dtype} lens/tables {index}"]
+            assert [k["name"] for k in direct] == ["_paged_decode_kernel"]
+            assert [k["name"] for k in split] == ["_paged_decode_kernel", "_combine_splits_kernel"]
+            assert all("ttgir" in k["stages"] and "ptx" in k["stages"] for k in direct + split)
+    assert any(name.startswith("store_kv") for name in compiled)
 
 
 # --------------------------------------------------------------------------- when triton was imported too early

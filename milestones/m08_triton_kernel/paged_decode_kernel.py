@@ -28,7 +28,8 @@ of the loads, so unwritten slots and garbage table entries are never read.
 stream the whole context while the rest idle. So long contexts at small batch are cut into ``num_splits``
 slices, each its own program writing a partial ``(o, lse)`` = (normalised output, log-sum-exp) of its slice;
 a second small kernel combines the slices: ``o = sum_s 2^(lse_s - lse_max) o_s / sum_s 2^(lse_s - lse_max)``.
-``choose_num_splits`` picks the count from ``B * kv_heads`` against the SM count and the context length.
+``choose_num_splits`` picks the count from ``B * kv_heads`` against the SM count and the context length, and
+``launch_config.py`` holds the tile size, warps and pipelining depth of each regime (split or direct).
 
 **Capturable in a CUDA graph.** The wrapper reads no tensor values on the host: every decision it makes uses
 shapes and Python ints (``max_context_len`` is a bound the caller knows, by default the table's width times
@@ -45,7 +46,6 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
 
 import torch
 
@@ -55,39 +55,13 @@ if not torch.cuda.is_available():
 import triton  # noqa: E402  (the switch above must come first)
 import triton.language as tl  # noqa: E402
 
+from .launch_config import (DEFAULT_CONFIG, LAUNCH_TABLE, MAX_SPLITS, DecodeKernelConfig,  # noqa: E402, F401
+                            choose_launch, choose_num_splits, sm_count)
+
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-MAX_SPLITS = 64  # partial results per (sequence, head); the combine kernel holds them all in registers
+INDEX_DTYPES = (torch.int32, torch.int64)  # of block_tables and context_lens
 MIN_GROUP_ROWS = 16  # tl.dot needs M >= 16: the query-head group is padded to this many rows
-
-
-@dataclass(frozen=True)
-class DecodeKernelConfig:
-    """Launch parameters of the decode kernel (``benchmarks/kernel_bench.py --autotune-sweep`` compares a few).
-
-    ``tile_tokens`` keys per loop iteration (a power of two >= 16: several pages, so many loads are in flight);
-    ``num_warps`` / ``num_stages`` Triton's threads per program and software-pipelining depth;
-    ``programs_per_sm`` the split heuristic's target of programs per SM; ``min_tiles_per_split`` the least work
-    a split is worth; ``dot_in_fp32`` upcasts 16-bit K/V tiles and runs the dots in tf32 (exact for bf16/fp16
-    inputs) instead of on bf16/fp16 tensor cores.
-    """
-
-    tile_tokens: int = 64
-    num_warps: int = 4
-    num_stages: int = 3
-    programs_per_sm: int = 3
-    min_tiles_per_split: int = 2
-    dot_in_fp32: bool = False
-
-    def __post_init__(self) -> None:
-        if self.tile_tokens < 16 or self.tile_tokens & (self.tile_tokens - 1):
-            raise ValueError(f"tile_tokens must be a power of two >= 16, got {self.tile_tokens}")
-        if self.num_warps not in (1, 2, 4, 8, 16) or self.num_stages < 1:
-            raise ValueError(f"bad launch parameters num_warps={self.num_warps} num_stages={self.num_stages}")
-        if self.programs_per_sm < 1 or self.min_tiles_per_split < 1:
-            raise ValueError("programs_per_sm and min_tiles_per_split must be >= 1")
-
-
-DEFAULT_CONFIG = DecodeKernelConfig()
+LOG2_E = math.log2(math.e)  # scores are kept in base 2: exp(x) = exp2(x * log2(e))
 
 
 # --------------------------------------------------------------------------- the kernels
@@ -111,7 +85,9 @@ def _paged_decode_kernel(
     num_heads = tl.num_programs(1) * GROUP
 
     # The keys this program reads: [start, end). A table holds max_blocks pages, so clamp to what it can address.
-    context_len = tl.minimum(tl.load(context_lens_ptr + seq).to(tl.int32), max_blocks * BLOCK_SIZE)  # lengths may come as int64
+    # Lengths may come as int64 (the engine's metadata): int32 here, or the loop's key indices would turn int64
+    # inside the loop while starting as int32, which the compiler rejects (tests/compile_for_gpu.py checks it).
+    context_len = tl.minimum(tl.load(context_lens_ptr + seq).to(tl.int32), max_blocks * BLOCK_SIZE)
     if SPLIT:
         # Every sequence is cut into num_splits slices of whole tiles, sized by its own length.
         split_len = tl.cdiv(tl.cdiv(context_len, num_splits), TILE) * TILE
@@ -229,37 +205,6 @@ INTERPRETER_PROBLEM = _interpreter_problem()
 # --------------------------------------------------------------------------- the host side
 
 
-_SM_COUNTS: dict[int, int] = {}
-INTERPRETER_SM_COUNT = 8  # what the split heuristic assumes on the CPU (any value is correct, only speed differs)
-
-
-def sm_count(device: torch.device) -> int:
-    """Streaming multiprocessors of ``device`` (cached: the wrapper must not query the driver every call)."""
-    if device.type != "cuda":
-        return INTERPRETER_SM_COUNT
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _SM_COUNTS:
-        _SM_COUNTS[index] = torch.cuda.get_device_properties(index).multi_processor_count
-    return _SM_COUNTS[index]
-
-
-def choose_num_splits(batch: int, num_kv_heads: int, max_context_len: int, num_sms: int,
-                      config: DecodeKernelConfig = DEFAULT_CONFIG) -> int:
-    """How many slices to cut each sequence's keys into so that one wave of programs fills the GPU.
-
-    ``batch * num_kv_heads`` programs exist without splitting; an SM runs about ``config.programs_per_sm`` of
-    them at once (what its registers and shared memory allow), so split into as many slices as still fit in
-    one such wave, but never into slices shorter than ``config.min_tiles_per_split`` tiles (each program's
-    fixed cost and the combine step must stay small next to the keys it streams).
-    Qwen3-0.6B on an H200 (132 SMs, 8 K/V heads, default config: 396 programs in flight): batch >= 50 -> 1
-    split; batch 16 -> 3; batch 1 at 2,048 keys -> 16 splits of 128 keys, at 8,192 keys -> 49.
-    """
-    programs = batch * num_kv_heads
-    one_wave = config.programs_per_sm * num_sms // programs
-    worth = -(-max_context_len // config.tile_tokens) // config.min_tiles_per_split
-    return max(1, min(one_wave, worth, MAX_SPLITS))
-
-
 def _check(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
            context_lens: torch.Tensor, out: torch.Tensor | None) -> None:
     """Shapes, dtypes and devices only: nothing here reads a tensor's values (no host synchronisation)."""
@@ -281,11 +226,11 @@ def _check(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_
                          f"{head_dim}, {block_size}")
     if q.stride(-1) != 1 or k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
         raise ValueError("q, k_cache and v_cache must be contiguous along head_dim")
-    if block_tables.dim() != 2 or block_tables.shape[0] != batch or block_tables.dtype not in (torch.int32, torch.int64):
-        raise ValueError(f"block_tables must be an int32 [batch={batch}, max_blocks] tensor; got "
+    if block_tables.dim() != 2 or block_tables.shape[0] != batch or block_tables.dtype not in INDEX_DTYPES:
+        raise ValueError(f"block_tables must be an int32 or int64 [batch={batch}, max_blocks] tensor; got "
                          f"{block_tables.dtype} {tuple(block_tables.shape)}")
-    if context_lens.shape != (batch,) or context_lens.dtype not in (torch.int32, torch.int64):
-        raise ValueError(f"context_lens must be an int32 [batch={batch}] tensor; got "
+    if context_lens.shape != (batch,) or context_lens.dtype not in INDEX_DTYPES:
+        raise ValueError(f"context_lens must be an int32 or int64 [batch={batch}] tensor; got "
                          f"{context_lens.dtype} {tuple(context_lens.shape)}")
     if out is not None and (out.shape != q.shape or out.dtype != q.dtype or out.stride(-1) != 1):
         raise ValueError(f"out must be a {q.dtype} {tuple(q.shape)} tensor contiguous along head_dim; got "
@@ -297,61 +242,106 @@ def _check(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_
         raise ValueError(f"the Triton decode kernel got {q.device} tensors, but {INTERPRETER_PROBLEM}")
 
 
+class _Layout:
+    """What the wrapper derives from its tensors' shapes, strides, dtypes and devices, never from their values.
+
+    An eager decode step calls the wrapper once per layer with tensors laid out alike (28 times for Qwen3-0.6B),
+    so ``_layout`` checks and derives this once per layout and then finds it in a dictionary: the Python cost
+    of a call drops from the checks plus some forty attribute reads to one tuple of them (about half: see
+    benchmarks/KERNEL_NOTES.md, section 9.3).
+    """
+
+    def __init__(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+                 out: torch.Tensor | None) -> None:
+        self.batch, self.num_heads, self.head_dim = q.shape
+        _, self.block_size, self.num_kv_heads, _ = k_cache.shape
+        self.max_blocks = block_tables.shape[1]
+        self.num_sms = sm_count(q.device)
+        # the kernel's stride arguments after scale_log2, num_splits and max_blocks, in its order
+        self.strides = (q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3], block_tables.stride(0))
+        self.out_strides = (out.stride(0), out.stride(1)) if out is not None else (self.num_heads * self.head_dim,
+                                                                                   self.head_dim)
+        group = self.num_heads // self.num_kv_heads
+        self.is_fp32 = q.dtype == torch.float32
+        # Triton's interpreter computes bfloat16 dots wrongly: there, bf16 tiles go through the float32 dot path.
+        self.dots_in_fp32 = self.is_fp32 or (INTERPRETED and q.dtype == torch.bfloat16)
+        self.constexprs = dict(GROUP=group, GROUP_ROWS=max(MIN_GROUP_ROWS, triton.next_power_of_2(group)),
+                               HEAD_DIM=self.head_dim, BLOCK_SIZE=self.block_size, IEEE=self.is_fp32)
+
+
+_LAYOUTS: dict[tuple, _Layout] = {}
+_MAX_LAYOUTS = 1024  # batch sizes x table widths an engine meets; emptied when full (a miss only re-checks)
+
+
+def _meta(t: torch.Tensor) -> tuple:
+    return t.shape, t.stride(), t.dtype, t.device
+
+
+def _layout(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+            context_lens: torch.Tensor, out: torch.Tensor | None) -> _Layout:
+    """``_check`` and ``_Layout`` once per combination of shapes, strides, dtypes and devices (everything
+    ``_check`` looks at), then a dictionary lookup."""
+    key = (_meta(q), _meta(k_cache), _meta(v_cache), _meta(block_tables), _meta(context_lens),
+           None if out is None else _meta(out))
+    layout = _LAYOUTS.get(key)
+    if layout is None:
+        _check(q, k_cache, v_cache, block_tables, context_lens, out)
+        if len(_LAYOUTS) >= _MAX_LAYOUTS:
+            _LAYOUTS.clear()
+        layout = _LAYOUTS[key] = _Layout(q, k_cache, v_cache, block_tables, out)
+    return layout
+
+
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float, *,
                            max_context_len: int | None = None, num_splits: int | None = None,
                            out: torch.Tensor | None = None,
-                           config: DecodeKernelConfig = DEFAULT_CONFIG) -> torch.Tensor:
+                           config: DecodeKernelConfig | None = None) -> torch.Tensor:
     """Attention of one new query token per sequence over its paged K/V; returns ``[B, heads, head_dim]``.
 
     ``q`` ``[B, heads, head_dim]`` (RoPE applied); ``k_cache``/``v_cache`` ``[num_blocks, block_size, kv_heads,
-    head_dim]`` of q's dtype; ``block_tables`` ``[B, max_blocks]`` int32 (entries past a sequence's last block
-    are never read); ``context_lens`` ``[B]`` int32, keys per sequence including the new one (a length of 0,
-    e.g. a padding row of a captured graph, reads nothing and gives zeros). ``max_context_len``: a host-side
-    upper bound on ``context_lens`` for the split heuristic (default: ``max_blocks * block_size``);
-    ``num_splits`` overrides the heuristic; ``out`` receives the result if given.
+    head_dim]`` of q's dtype; ``block_tables`` ``[B, max_blocks]`` int32 or int64 (entries past a sequence's last
+    block are never read); ``context_lens`` ``[B]`` int32 or int64, keys per sequence including the new one (a
+    length of 0, e.g. a padding row of a captured graph, reads nothing and gives zeros). ``max_context_len``: a
+    host-side upper bound on ``context_lens`` for the split heuristic (default: ``max_blocks * block_size``);
+    ``num_splits`` overrides the heuristic; ``out`` receives the result if given. ``config``: by default
+    ``LAUNCH_TABLE``'s entry for the regime (split or direct); a given config serves both regimes.
     """
-    _check(q, k_cache, v_cache, block_tables, context_lens, out)
-    batch, num_heads, head_dim = q.shape
-    _, block_size, num_kv_heads, _ = k_cache.shape
-    max_blocks = block_tables.shape[1]
+    layout = _layout(q, k_cache, v_cache, block_tables, context_lens, out)
     if out is None:
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    if batch == 0:
+    if layout.batch == 0:
         return out
     if num_splits is None:
-        bound = max_blocks * block_size if max_context_len is None else max_context_len
-        num_splits = choose_num_splits(batch, num_kv_heads, max(1, bound), sm_count(q.device), config)
+        bound = layout.max_blocks * layout.block_size if max_context_len is None else max_context_len
+        if config is None:
+            config, num_splits = choose_launch(layout.batch, layout.num_kv_heads, max(1, bound), layout.num_sms)
+        else:
+            num_splits = choose_num_splits(layout.batch, layout.num_kv_heads, max(1, bound), layout.num_sms, config)
     elif not 1 <= num_splits <= MAX_SPLITS:
         raise ValueError(f"num_splits must be in [1, {MAX_SPLITS}], got {num_splits}")
+    elif config is None:
+        config = LAUNCH_TABLE["split" if num_splits > 1 else "direct"]
 
-    group = num_heads // num_kv_heads
-    is_fp32 = q.dtype == torch.float32
-    # Triton's interpreter computes bfloat16 dots wrongly: there, bf16 tiles go through the float32 dot path.
-    dot_fp32 = is_fp32 or config.dot_in_fp32 or (INTERPRETED and q.dtype == torch.bfloat16)
+    batch, num_heads, head_dim = layout.batch, layout.num_heads, layout.head_dim
     split = num_splits > 1
     if split:
         partial = torch.empty((batch, num_heads, num_splits, head_dim), dtype=torch.float32, device=q.device)
         lse = torch.empty((batch, num_heads, num_splits), dtype=torch.float32, device=q.device)
-        target, target_strides = partial, (partial.stride(0), partial.stride(1), partial.stride(2))
+        target, target_strides = partial, (num_heads * num_splits * head_dim, num_splits * head_dim, head_dim)
     else:
         lse = out  # unused by the direct path
-        target, target_strides = out, (out.stride(0), out.stride(1), 0)
-    _paged_decode_kernel[(batch, num_kv_heads, num_splits)](
+        target, target_strides = out, (*layout.out_strides, 0)
+    _paged_decode_kernel[(batch, layout.num_kv_heads, num_splits)](
         q, k_cache, v_cache, block_tables, context_lens, target, lse,
-        scale * math.log2(math.e), num_splits, max_blocks,
-        q.stride(0), q.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        block_tables.stride(0), *target_strides,
-        GROUP=group, GROUP_ROWS=max(MIN_GROUP_ROWS, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
-        BLOCK_SIZE=block_size, TILE=config.tile_tokens, SPLIT=split, DOT_FP32=dot_fp32, IEEE=is_fp32,
-        num_warps=config.num_warps, num_stages=config.num_stages,
+        scale * LOG2_E, num_splits, layout.max_blocks, *layout.strides, *target_strides,
+        TILE=config.tile_tokens, SPLIT=split, DOT_FP32=layout.dots_in_fp32 or config.dot_in_fp32,
+        num_warps=config.num_warps, num_stages=config.num_stages, **layout.constexprs,
     )
     if split:
         _combine_splits_kernel[(batch, num_heads)](
-            partial, lse, out, num_splits, out.stride(0), out.stride(1),
-            HEAD_DIM=head_dim, SPLITS_POW2=triton.next_power_of_2(num_splits), num_warps=4,
+            partial, lse, out, num_splits, *layout.out_strides,
+            HEAD_DIM=head_dim, SPLITS_POW2=1 << (num_splits - 1).bit_length(), num_warps=4,  # next power of 2
         )
     return out
 

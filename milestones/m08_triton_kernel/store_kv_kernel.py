@@ -39,8 +39,9 @@ def _store_kv_kernel(k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_mapping_ptr,
     tl.store(v_cache_ptr + slot * stride_v_slot + cols, v, mask=mask)
 
 
-def _rows(t: torch.Tensor, name: str) -> torch.Tensor:
-    """``t`` viewed as ``[rows, kv_heads * head_dim]`` with contiguous rows: never a copy (the kernel writes it)."""
+def _row_stride(t: torch.Tensor, name: str) -> int:
+    """The stride between rows of ``t`` viewed as ``[rows, kv_heads * head_dim]`` with contiguous rows (never a
+    copy: the kernel writes the cache in place)."""
     try:
         rows = t.view(-1, t.shape[-2] * t.shape[-1])
     except RuntimeError:
@@ -48,12 +49,12 @@ def _rows(t: torch.Tensor, name: str) -> torch.Tensor:
     if rows is None or rows.stride(1) != 1:
         raise ValueError(f"{name} {tuple(t.shape)} must be contiguous over (kv_heads, head_dim) and viewable as "
                          "[rows, kv_heads * head_dim]")
-    return rows
+    return rows.stride(0)
 
 
-def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-             slot_mapping: torch.Tensor) -> None:
-    """``k_cache[slot_mapping[i]] = k[i]`` and the same for V, for every token i with a slot >= 0."""
+def _check(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+           slot_mapping: torch.Tensor) -> tuple[int, int, int, int]:
+    """Shapes, dtypes and devices (never values); returns the row strides of k, v, k_cache and v_cache."""
     if k.dim() != 3 or v.shape != k.shape or k_cache.shape != v_cache.shape or k_cache.dim() not in (3, 4):
         raise ValueError(f"k, v must be [tokens, kv_heads, head_dim] and the caches [num_blocks, block_size, "
                          f"kv_heads, head_dim]; got k {tuple(k.shape)}, v {tuple(v.shape)}, "
@@ -72,13 +73,33 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
         raise ValueError(f"all tensors must be on one device; got {[str(t.device) for t in tensors]}")
     if k.device.type != "cuda" and INTERPRETER_PROBLEM:
         raise ValueError(f"the Triton store kernel got {k.device} tensors, but {INTERPRETER_PROBLEM}")
+    return (_row_stride(k, "k"), _row_stride(v, "v"), _row_stride(k_cache, "k_cache"),
+            _row_stride(v_cache, "v_cache"))
+
+
+_ROW_STRIDES: dict[tuple, tuple[int, int, int, int]] = {}  # _check's verdict per layout (as the decode wrapper's)
+_MAX_LAYOUTS = 1024
+
+
+def _meta(t: torch.Tensor) -> tuple:
+    return t.shape, t.stride(), t.dtype, t.device
+
+
+def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+             slot_mapping: torch.Tensor) -> None:
+    """``k_cache[slot_mapping[i]] = k[i]`` and the same for V, for every token i with a slot >= 0."""
+    key = (_meta(k), _meta(v), _meta(k_cache), _meta(v_cache), _meta(slot_mapping))
+    strides = _ROW_STRIDES.get(key)
+    if strides is None:  # first call with this layout: check it (every layer of a step then finds it here)
+        strides = _check(k, v, k_cache, v_cache, slot_mapping)
+        if len(_ROW_STRIDES) >= _MAX_LAYOUTS:
+            _ROW_STRIDES.clear()
+        _ROW_STRIDES[key] = strides
     if k.shape[0] == 0:
         return
-    k_rows, v_rows = _rows(k, "k"), _rows(v, "v")
-    k_slots, v_slots = _rows(k_cache, "k_cache"), _rows(v_cache, "v_cache")
-    row = k_rows.shape[1]
+    row = k.shape[-2] * k.shape[-1]
+    # The kernel sees each tensor as rows of kv_heads * head_dim elements: _row_stride checked that it can.
     _store_kv_kernel[(k.shape[0],)](
-        k_rows, v_rows, k_slots, v_slots, slot_mapping,
-        k_rows.stride(0), v_rows.stride(0), k_slots.stride(0), v_slots.stride(0),
-        ROW=row, ROW_POW2=triton.next_power_of_2(row), num_warps=4,
+        k, v, k_cache, v_cache, slot_mapping, *strides,
+        ROW=row, ROW_POW2=1 << (row - 1).bit_length(), num_warps=4,
     )
