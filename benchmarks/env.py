@@ -79,17 +79,21 @@ def source_fingerprint() -> str:
 def git_info() -> dict:
     """Commit and dirty flag (uncommitted or untracked changes under ``SOURCE_PATHS``, results excluded).
 
-    On a machine that got the working tree without ``.git`` (the GPU machine), ``NANOSERVE_GIT_COMMIT`` (and
-    ``NANOSERVE_GIT_DIRTY=1``) stand in if the caller sets them; else they stay null until ``--unpack``.
+    ``NANOSERVE_GIT_COMMIT`` (and ``NANOSERVE_GIT_DIRTY=1``), when the caller sets them, win over the local
+    ``.git``: the GPU machine gets a copy of the working tree whose ``.git`` may be stale (seen: a copy whose
+    HEAD was the session's first commit). Without either, they stay null until ``--unpack`` attaches the local
+    commit to results whose ``source_sha256`` matches the local code.
     """
+    commit = os.environ.get("NANOSERVE_GIT_COMMIT") or None
+    if commit is not None:
+        dirty = os.environ.get("NANOSERVE_GIT_DIRTY")
+        return {"git_commit": commit, "git_dirty": None if dirty is None else dirty not in ("", "0", "false"),
+                "git_source": "env"}
     commit = _git("rev-parse", "HEAD")
     if commit is not None:
         status = _git("status", "--porcelain", "--", *SOURCE_PATHS, _NOT_SOURCE)
         return {"git_commit": commit, "git_dirty": bool(status) if status is not None else None, "git_source": "git"}
-    commit = os.environ.get("NANOSERVE_GIT_COMMIT") or None
-    dirty = os.environ.get("NANOSERVE_GIT_DIRTY")
-    return {"git_commit": commit, "git_dirty": None if dirty is None else dirty not in ("", "0", "false"),
-            "git_source": "env" if commit else None}
+    return {"git_commit": None, "git_dirty": None, "git_source": None}
 
 
 def environment(device: torch.device | str | None = None) -> dict:
