@@ -46,7 +46,7 @@ from .runners import Runner, cannot_run, holds_kv_pool, kv_bytes_per_token, kv_t
 from .workloads import Workload
 
 HEADLINE_KEYS = ("output_tokens_per_s", "wall_time_s", "ttft_p50_s", "ttft_p99_s", "itl_mean_s", "itl_p50_s",
-                 "itl_p99_s", "itl_max_s", "running_mean")
+                 "itl_p99_s", "itl_max_s", "running_mean", "running_mean_while_waiting")
 GROUP_KEYS = ("ttft_p50_s", "itl_p50_s", "itl_p99_s", "itl_max_s")
 MEMORY_FRACTION = 0.85  # of free GPU memory that engines sharing the GPU may plan to use
 ACTIVATION_MARGIN = 8 * 2**30  # activations of a big prefill step, and the allocator's slack

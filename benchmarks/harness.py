@@ -48,7 +48,7 @@ METRIC_KEYS = (
     "ttft_p50_s", "ttft_p99_s", "itl_mean_s", "itl_p50_s", "itl_p99_s", "itl_max_s",
     "steps", "tokens_computed", "padding_tokens", "prompt_tokens_computed", "useful_token_fraction",
     "kv_reserved_peak_bytes", "kv_used_peak_bytes", "cuda_max_memory_allocated_bytes",
-    "running_mean", "running_max",
+    "running_mean", "running_max", "running_mean_while_waiting",
 )
 RESULT_KEYS = ("schema_version", "name", "milestone", "engine", "status", "error", "env", "model", "workload",
                "config", "kv_sizing", "tokenizer", "warmup", "metrics", "groups", "sweep", "phases", "per_step",
@@ -201,6 +201,9 @@ def _metrics(outputs: list[RequestOutput], wall: float, stats: dict, per_step: d
     counts = per_step.get("running_per_step") or []  # engines with a scheduler (m04 on) count them each step
     metrics["running_mean"] = sum(counts) / len(counts) if counts else None
     metrics["running_max"] = max(counts) if counts else None
+    queued = per_step.get("waiting_per_step") or []  # steps after which requests still waited: memory binds
+    busy = [r for r, w in zip(counts, queued) if w]
+    metrics["running_mean_while_waiting"] = sum(busy) / len(busy) if busy else None
     return metrics
 
 

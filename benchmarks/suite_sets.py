@@ -45,7 +45,8 @@ RATIO_METRICS: dict[str, tuple[str, ...]] = {
     "chunked-long": ("groups.decoder.itl_p50_s", "groups.decoder.itl_p99_s", "groups.decoder.itl_max_s"),
     "prefix": ("metrics.ttft_p50_s", "metrics.prompt_tokens_computed", "metrics.wall_time_s"),
     "prefix-large": ("metrics.wall_time_s", "metrics.ttft_p50_s", "metrics.prompt_tokens_computed"),
-    "memory-bound": ("metrics.output_tokens_per_s", "metrics.running_mean", "metrics.kv_reserved_peak_bytes"),
+    "memory-bound": ("metrics.output_tokens_per_s", "metrics.running_mean_while_waiting", "metrics.running_mean",
+                     "metrics.kv_reserved_peak_bytes"),
 }
 DEFAULT_RATIO_METRICS = ("metrics.output_tokens_per_s",)
 
@@ -221,9 +222,15 @@ SETS: dict[str, list[Entry]] = {
         Compare(("m05", "m06"), "prefix", run_s=(3, 2)),
         Compare(("m05", "m06"), "prefix-large", run_s=(9, 3)),
     ],
-    "call-b": [
+    "call-b": [  # most important first: what does not fit the budget is skipped
+        Compare(("m07", "m08", "m10"), "nanovllm", run_s=(40, 30, 11), build_s=8),
         Compare(budgets("m07", (None, 2048, 512, 256)), "chunked-long", run_s=(6, 7, 8, 10)),
         Compare(budgets("m07", (None, 512)), "chunked", run_s=(4, 5)),
-        Compare(("m07", "m08", "m10"), "nanovllm", run_s=(40, 30, 11), build_s=8),
+    ],
+    "call-c": [
+        Compare(("m09", "hf-compiled", "m10"), "offline", run_s=(13, 9, 5), build_s=(5, 130, 10)),
+        Compare(("m04", "m05"), "memory-bound", run_s=(22, 12)),
+        Run("hf-static", "offline", 40),
+        Run("hf-cb", "offline", 30),
     ],
 }

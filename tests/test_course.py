@@ -68,7 +68,8 @@ def test_list_gains_come_from_the_committed_results(capsys):
     m04_skewed = metric("m04_skewed", "output_tokens_per_s") / metric("m03_skewed", "output_tokens_per_s")
     assert f"skewed: {m04_skewed:.2f}x m03's output tok/s" in out
     m03_offline = metric("m03_offline", "output_tokens_per_s") / metric("m02_offline-n16", "output_tokens_per_s")
-    assert f"offline: {m03_offline:.0f}x m02's output tok/s" in out and "m02 ran 16 of its 128 requests" in out
+    assert re.search(rf"offline: {m03_offline:.0f}x (\(\S+\) )?m02's output tok/s", out)  # a spread if repeated
+    assert "m02 ran 16 of its 128 requests" in out
     itl = metric("m02_single", "itl_mean_s") / metric("m01_single", "itl_mean_s")  # m02 is slower at 512 tokens
     assert f"single (512-token prompt): {itl:.2f}x higher mean inter-token latency than m01" in out
     block_m01 = out.split("m01_naive_loop", 1)[1].split("m02_kv_cache", 1)[0]

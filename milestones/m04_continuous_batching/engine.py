@@ -135,6 +135,7 @@ class LLMEngine(StaticBatchingEngine):
             raise RuntimeError("scheduler produced an empty step while requests are waiting")  # invariant
         self.record_kv_usage()  # before finished requests give their regions back: this step used them
         self.stats.running_per_step.append(len(self.scheduler.running))
+        self.stats.waiting_per_step.append(len(self.scheduler.waiting))
         for request in self.scheduler.remove_finished():
             self.sampler.release(request)
         return touched

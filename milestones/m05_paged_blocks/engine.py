@@ -218,6 +218,7 @@ class LLMEngine(ContinuousBatchingEngine):
                              self.kv_slots_holding_tokens() * self.kv_bytes_per_token)
         self.stats.record_blocks(manager.num_used_blocks, manager.num_blocks, manager.block_size)
         self.stats.running_per_step.append(len(self.scheduler.running))
+        self.stats.waiting_per_step.append(len(self.scheduler.waiting))
 
     def kv_slots_holding_tokens(self) -> int:
         """Slots whose K/V is computed: each running request's computed tokens (m06 counts a shared block once)."""
