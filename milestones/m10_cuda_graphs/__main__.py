@@ -21,7 +21,7 @@ from milestones.m01_naive_loop.demo import (Case, check_cases, demo_parser, engi
 from milestones.m09_server import LLMEngine as ServerEngine
 from milestones.m10_cuda_graphs import EngineConfig, LLMEngine, SamplingParams
 
-from .graph_runner import CUDAGraphRunner, GraphDecodeAttention
+from .graph_runner import CUDAGraphRunner
 
 STEP_COLUMNS = ["batch", "eager step (ms)", "graph replay (ms)", "speed-up"]
 E2E_COLUMNS = ["label", "requests", "output tokens", "wall s", "output tok/s", "ms/token (mean ITL)"]
@@ -54,11 +54,9 @@ def step_rows(engine: LLMEngine, context: int, repeats: int) -> list[dict]:
         runner.slot_mapping[:size] = -1  # timing only: write nothing
         runner.block_tables[:size, :blocks] = torch.arange(size * blocks, device=engine.device,
                                                            dtype=torch.int32).view(size, blocks)
-        attention = GraphDecodeAttention(engine.kv_pool, runner.slot_mapping[:size], runner.block_tables[:size],
-                                         runner.context_lens[:size], engine.max_model_len)
         with torch.inference_mode():
-            eager = median_ms(lambda: runner.forward(size, attention), repeats)
-        replayed = median_ms(runner.graphs[size].replay, repeats)
+            eager = median_ms(lambda: runner.forward(size), repeats)
+        replayed = median_ms(lambda: runner.run(size), repeats)
         rows.append({"batch": size, "eager step (ms)": eager, "graph replay (ms)": replayed,
                      "speed-up": f"{eager / replayed:.1f}x"})
     return rows
