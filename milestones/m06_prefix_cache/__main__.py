@@ -8,7 +8,6 @@ them, and computes only its own question: far fewer prompt tokens computed, and 
 
 from __future__ import annotations
 
-import random
 
 from milestones.m01_naive_loop.demo import (Case, check_cases, demo_parser, engine_config, exit_on_bad_input,
                                             measure, parse_args, positive_int, print_speedup, print_table,
