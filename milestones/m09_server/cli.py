@@ -28,6 +28,7 @@ ENGINE_FLAGS: tuple[tuple[str, str, object, str], ...] = (
     ("--enable-prefix-caching", "enable_prefix_caching", argparse.BooleanOptionalAction, "reuse K/V of shared "
      "prompt prefixes"),
     ("--attention-backend", "attention_backend", str, "auto, torch or triton"),
+    ("--enforce-eager", "enforce_eager", "flag", "never capture or replay CUDA graphs (m10 on)"),
 )
 
 
@@ -38,6 +39,8 @@ def add_engine_flags(parser: argparse.ArgumentParser, model_default: str | None 
     for flag, _, kind, help_text in ENGINE_FLAGS:
         if kind is argparse.BooleanOptionalAction:
             group.add_argument(flag, action=kind, default=None, help=help_text)
+        elif kind == "flag":
+            group.add_argument(flag, action="store_const", const=True, default=None, help=help_text)
         else:
             group.add_argument(flag, type=kind, default=None, help=help_text)
 
@@ -100,6 +103,9 @@ def serve(argv: list[str] | None = None, milestone: str = "milestones.m09_server
     engine = build_engine(milestone, args, parser)
     app = build_app(engine, args.served_model_name, shutdown_grace_s=0.0)
     name = (args.served_model_name or [args.model])[0]
+    for describe in ("describe_kv_cache", "describe_cuda_graphs"):  # the K/V blocks (m05 on), the graphs (m10)
+        if hasattr(engine, describe):
+            print(getattr(engine, describe)(), flush=True)
     print(f"serving {engine.milestone} ({args.model!r} on {engine.device}, {engine.dtype}) as {name!r} at "
           f"http://{args.host}:{args.port}\ntry:\n{curl_example(f'http://{args.host}:{args.port}', name)}", flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
