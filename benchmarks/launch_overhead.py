@@ -24,6 +24,7 @@ import torch
 
 from milestones.m01_naive_loop.attention import CausalAttention
 from milestones.m01_naive_loop.config import EngineConfig
+from milestones.m01_naive_loop.demo import cuda_median_ms
 from milestones.m01_naive_loop.loader import load_model
 from milestones.m02_kv_cache.kv_cache import CachedAttention, KVCache
 from milestones.m03_static_batching.attention import PaddedCachedAttention
@@ -33,18 +34,7 @@ from .env import environment
 
 def time_ms(fn, repeats: int = 50) -> float:
     """Median milliseconds per call, measured with CUDA events after a warm-up."""
-    for _ in range(5):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[len(times) // 2]
+    return cuda_median_ms(fn, repeats, warmup=5)
 
 
 def eager_and_graph(forward) -> dict[str, float]:

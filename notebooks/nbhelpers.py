@@ -6,6 +6,13 @@ Kept out of ``milestones/`` and ``benchmarks/`` on purpose: nothing here is part
   ``benchmarks/results`` exists (so a notebook works whether Jupyter starts in ``notebooks/`` or the root).
   It also puts the root on ``sys.path``, so ``import milestones`` works without ``pip install -e .``.
 * ``load_runs(gpu="h200")``: every ``benchmarks/results/<gpu>/*.json`` as ``{file stem: result dict}``.
+* ``load_result(name, gpu="h200")``: one result file of any kind (``kernel_bench``, ``m10_step_times``,
+  ``online/online_m09_offline``: files without a run's ``status``, which ``load_runs`` leaves out).
+* ``repeat_values(run, key)`` / ``median_range(run, key)``: a figure over a comparison's interleaved repeats
+  (``metrics.output_tokens_per_s``, ``groups.decoder.itl_max_s``): every run's value, or (median, min, max);
+  a single run gives its one value. ``yerr(points)`` turns (median, min, max) triples into matplotlib's
+  error bars. ``ratio_range(a, b, key)``: the ratio a / b round by round (repeat k of each ran side by side),
+  as (median, min, max): how the suite reports a comparison.
 * ``save_figure(fig, name)``: writes ``docs/images/<name>`` for the docs to embed, but only when a maintainer
   asks for it with ``NANOSERVE_SAVE_FIGURES=1``: a reader running a notebook never rewrites a committed file.
   Only figures drawn from committed results (or from counts that are the same on every machine) are saved;
@@ -17,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import sys
 from pathlib import Path
 
@@ -39,6 +47,40 @@ def load_runs(gpu: str = "h200") -> dict[str, dict]:
     folder = repo_root() / "benchmarks" / "results" / gpu
     runs = {p.stem: json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))}
     return {name: run for name, run in runs.items() if run.get("status") == "ok"}
+
+
+def load_result(name: str, gpu: str = "h200") -> dict:
+    """``benchmarks/results/<gpu>/<name>.json``, whatever its kind (no ``status`` filter)."""
+    return json.loads((repo_root() / "benchmarks" / "results" / gpu / f"{name}.json").read_text())
+
+
+def repeat_values(run: dict, key: str) -> list[float]:
+    """``key`` (dotted: ``metrics.ttft_p50_s``, ``groups.decoder.itl_max_s``) in every interleaved repeat of
+    ``run``; a run without repeats gives its single value."""
+    def pick(record: dict) -> float:
+        for part in key.split("."):
+            record = record[part]
+        return record
+
+    return [pick(r) for r in run["repeats"]] if run.get("repeats") else [pick(run)]
+
+
+def median_range(run: dict, key: str, scale: float = 1.0) -> tuple[float, float, float]:
+    """(median, min, max) of ``key`` over the run's repeats, times ``scale``; min = max = median for one run."""
+    values = sorted(v * scale for v in repeat_values(run, key))
+    return statistics.median(values), values[0], values[-1]
+
+
+def ratio_range(numerator: dict, denominator: dict, key: str) -> tuple[float, float, float]:
+    """(median, min, max) over rounds of ``key`` in ``numerator`` / ``denominator`` (two members of one
+    interleaved comparison: their repeat k ran in the same round)."""
+    ratios = sorted(a / b for a, b in zip(repeat_values(numerator, key), repeat_values(denominator, key), strict=True))
+    return statistics.median(ratios), ratios[0], ratios[-1]
+
+
+def yerr(points: list[tuple[float, float, float]]) -> list[list[float]]:
+    """matplotlib's ``yerr`` (distances below and above) for (median, min, max) triples."""
+    return [[m - lo for m, lo, _ in points], [hi - m for m, _, hi in points]]
 
 
 def sweep_points(run: dict, key: str = "itl_mean_s", scale: float = 1e3) -> tuple[list[int], list[float]]:
@@ -80,8 +122,14 @@ COLORS = {
     "m02": "#1f77b4",
     "m03": "#ff7f0e",
     "m04": "#2ca02c",
+    "m05": "#8c564b",
+    "m06": "#bcbd22",
+    "m07": "#6b6ecf",
+    "m08": "#ad494a",
     "m09": "#17becf",
     "m10": "#e377c2",
     "hf-static": "#7f7f7f",
     "hf-cb": "#9467bd",
+    "hf-compiled": "#404040",
+    "nano-vllm (published)": "#c7c7c7",
 }

@@ -123,3 +123,25 @@ def test_save_figure_writes_docs_images_when_a_maintainer_asks(nbhelpers, monkey
     monkeypatch.setenv("NANOSERVE_SAVE_FIGURES", "1")
     path = nbhelpers.save_figure(small_figure(), "x.png")
     assert path == tmp_path / "docs" / "images" / "x.png" and path.stat().st_size > 0
+
+
+# --------------------------------------------------------------------------- nbhelpers: repeats and ratios
+
+
+def test_median_range_over_repeats_and_a_single_run(nbhelpers):
+    run = {"repeats": [{"metrics": {"tps": v}, "groups": {"decoder": {"itl": v / 10}}} for v in [30.0, 10.0, 20.0]]}
+    assert nbhelpers.repeat_values(run, "metrics.tps") == [30.0, 10.0, 20.0]
+    assert nbhelpers.median_range(run, "metrics.tps") == (20.0, 10.0, 30.0)
+    assert nbhelpers.median_range(run, "groups.decoder.itl", scale=1e3) == (2000.0, 1000.0, 3000.0)
+    single = {"metrics": {"tps": 7.0}}
+    assert nbhelpers.median_range(single, "metrics.tps") == (7.0, 7.0, 7.0)
+    assert nbhelpers.yerr([(20.0, 10.0, 30.0), (7.0, 7.0, 7.0)]) == [[10.0, 0.0], [10.0, 0.0]]
+
+
+def test_ratio_range_pairs_runs_of_the_same_round(nbhelpers):
+    # Round by round the ratios are 2, 3 and 4; dividing the two medians instead would give 20 / 10 = 2.
+    a = {"repeats": [{"metrics": {"tps": v}} for v in [20.0, 60.0, 12.0]]}
+    b = {"repeats": [{"metrics": {"tps": v}} for v in [10.0, 20.0, 3.0]]}
+    assert nbhelpers.ratio_range(a, b, "metrics.tps") == (3.0, 2.0, 4.0)
+    with pytest.raises(ValueError):
+        nbhelpers.ratio_range(a, {"repeats": b["repeats"][:2]}, "metrics.tps")

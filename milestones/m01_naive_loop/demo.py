@@ -392,3 +392,19 @@ def same_tokens(rows: list[dict]) -> bool:
     """True when every row generated exactly the same token ids for every prompt."""
     first = [o.token_ids for o in rows[0]["_outputs"]]
     return all([o.token_ids for o in row["_outputs"]] == first for row in rows[1:])
+
+
+def cuda_median_ms(fn, repeats: int, warmup: int = 2) -> float:
+    """Median GPU milliseconds of ``fn()`` over ``repeats`` calls, each between two CUDA events, after
+    ``warmup`` untimed calls (first launches compile kernels and allocate memory)."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return sorted(times)[len(times) // 2]

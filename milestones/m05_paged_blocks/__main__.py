@@ -85,16 +85,26 @@ def main(argv: list[str] | None = None) -> list[dict]:
                         help="median real output length; the client aborts each request there")
     parser.add_argument("--kv-cache-memory", type=positive_float, default=None,
                         help="K/V budget in GiB for both engines (default: room for 6 capped requests)")
+    parser.add_argument("--gpu-memory-utilization", type=positive_float, default=None,
+                        help="vLLM's alternative on a GPU: the fraction of GPU memory m05 may use; K/V gets what the "
+                             "weights and a profiled forward pass leave, and m04 gets the same number of slots")
+    parser.add_argument("--max-num-batched-tokens", type=positive_int, default=8192,
+                        help="m05: new tokens one step may feed")
     parser.add_argument("--block-size", type=positive_int, default=16, help="token slots per K/V block (m05)")
     parser.add_argument("--max-num-seqs", type=positive_int, default=64, help="most requests in flight (both engines)")
     args = parse_args(parser, argv)
 
+    if args.kv_cache_memory and args.gpu_memory_utilization:
+        parser.error("give --kv-cache-memory or --gpu-memory-utilization, not both")
+    if args.kv_cache_memory:
+        sizing = dict(kv_cache_memory_gib=args.kv_cache_memory)
+    elif args.gpu_memory_utilization:
+        sizing = dict(gpu_memory_utilization=args.gpu_memory_utilization)
+    else:
+        sizing = dict(kv_cache_tokens=6 * (args.prompt_len + args.max_tokens))
     with exit_on_bad_input(parser):
         m05 = LLMEngine(engine_config(EngineConfig, args, max_num_seqs=args.max_num_seqs, block_size=args.block_size,
-                                      kv_cache_memory_gib=args.kv_cache_memory, kv_cache_tokens=None)
-                        if args.kv_cache_memory else
-                        engine_config(EngineConfig, args, max_num_seqs=args.max_num_seqs, block_size=args.block_size,
-                                      kv_cache_tokens=6 * (args.prompt_len + args.max_tokens)))
+                                      max_num_batched_tokens=args.max_num_batched_tokens, **sizing))
         budget_tokens = m05.kv_pool.capacity
         m04 = ContinuousBatchingEngine(engine_config(EngineConfig, args, max_num_seqs=args.max_num_seqs,
                                                      kv_cache_tokens=budget_tokens))

@@ -13,8 +13,9 @@ class EngineConfig(ContinuousBatchingConfig):
     """Knobs of the paged engine (vLLM's names where vLLM has them).
 
     * ``block_size``: token slots per K/V block (vLLM's default, 16).
-    * ``max_num_batched_tokens``: the most new tokens one step may feed (a prompt longer than that still runs,
-      alone in its step, until m07 splits it).
+    * ``max_num_batched_tokens``: the most prompt tokens one admission step may feed (a prompt longer than that
+      still runs, alone in its step, until m07 splits it). A decode step feeds one token for every running request,
+      up to ``max_num_seqs``, whatever the budget; m07 makes the budget cap every step.
     * The K/V memory, at most one of: ``kv_cache_tokens`` (m04's knob: slots, rounded down to whole blocks),
       ``kv_cache_memory_gib`` (GiB of K/V), ``gpu_memory_utilization`` (vLLM's: the fraction of the GPU's
       memory the whole engine may use; K/V gets what weights and a profiled forward pass leave). None of them:

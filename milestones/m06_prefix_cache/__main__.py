@@ -8,7 +8,6 @@ them, and computes only its own question: far fewer prompt tokens computed, and 
 
 from __future__ import annotations
 
-import random
 
 from milestones.m01_naive_loop.demo import (Case, check_cases, demo_parser, engine_config, exit_on_bad_input,
                                             measure, parse_args, positive_int, print_speedup, print_table,
@@ -29,15 +28,18 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--max-num-batched-tokens", type=positive_int, default=2048,
                         help="new tokens per step at most")
     parser.add_argument("--block-size", type=positive_int, default=16, help="token slots per K/V block")
+    parser.add_argument("--no-prefix-caching", action="store_true",
+                        help="run only the engine with its prefix cache off (m05's behaviour), no comparison")
     args = parse_args(parser, argv)
 
     knobs = dict(max_num_seqs=args.num_prompts, max_num_batched_tokens=args.max_num_batched_tokens,
                  block_size=args.block_size)
     with exit_on_bad_input(parser):
         engines = {"prefix cache off (m05)": LLMEngine(engine_config(EngineConfig, args,
-                                                                     enable_prefix_caching=False, **knobs)),
-                   "prefix cache on (m06)": LLMEngine(engine_config(EngineConfig, args, **knobs))}
-        on = engines["prefix cache on (m06)"]
+                                                                     enable_prefix_caching=False, **knobs))}
+        if not args.no_prefix_caching:
+            engines["prefix cache on (m06)"] = LLMEngine(engine_config(EngineConfig, args, **knobs))
+        on = list(engines.values())[-1]
         (system,) = random_prompts(on.vocab_size, 1, args.system_len, args.system_len, args.seed)
         questions = random_prompts(on.vocab_size, args.num_prompts, args.question_len, args.question_len,
                                    args.seed + 1)
@@ -55,6 +57,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     print_table(rows, f"{args.num_prompts} requests = one {args.system_len}-token system prompt + their own "
                       f"{args.question_len} tokens, {args.max_tokens} output tokens each", COLUMNS)
     print()
+    if args.no_prefix_caching:
+        print("prefix caching off (--no-prefix-caching): every request computed its whole prompt")
+        return rows
     print_speedup(rows, "prefix cache off (m05)", "prompt tokens computed", lower_is_better=True)
     print_speedup(rows, "prefix cache off (m05)", "TTFT p50 (ms)", lower_is_better=True)
     print(f"outputs report num_cached_tokens, e.g. {[o.num_cached_tokens for o in rows[1]['_outputs'][:4]]} ...")

@@ -14,14 +14,13 @@ its torch path (what ``auto`` picks on a CPU).
 from __future__ import annotations
 
 import argparse
-import time
 
 import numpy as np
 import torch
 
-from milestones.m01_naive_loop.demo import (Case, check_cases, demo_parser, engine_config, exit_on_bad_input,
-                                            measure, parse_args, positive_int, print_speedup, print_table,
-                                            random_prompts, same_tokens)
+from milestones.m01_naive_loop.demo import (Case, check_cases, cuda_median_ms, demo_parser, engine_config,
+                                            exit_on_bad_input, measure, parse_args, positive_int, print_speedup,
+                                            print_table, random_prompts, same_tokens)
 from milestones.m05_paged_blocks.paged_attention import AttentionMetadata, GatherIndices, PagedKVCache
 from milestones.m07_chunked_prefill import LLMEngine as ChunkedPrefillEngine
 from milestones.m08_triton_kernel import EngineConfig, LLMEngine, SamplingParams
@@ -40,21 +39,6 @@ def batch_x_context_list(text: str) -> list[tuple[int, int]]:
     if not shapes or any(len(shape) != 2 for shape in shapes):
         raise argparse.ArgumentTypeError(f"expected BATCHxCONTEXT pairs such as 1x512,16x512, got {text!r}")
     return shapes
-
-
-def time_ms(fn, device: torch.device, repeats: int) -> float:
-    """Median milliseconds of ``fn()`` after a warm-up call (synchronised on a GPU)."""
-    fn()
-    times = []
-    for _ in range(repeats):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        start = time.perf_counter()
-        fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        times.append((time.perf_counter() - start) * 1000)
-    return float(np.median(times))
 
 
 def kernel_row(engine, batch: int, context: int, repeats: int, seed: int) -> dict:
@@ -87,8 +71,8 @@ def kernel_row(engine, batch: int, context: int, repeats: int, seed: int) -> dic
     diff = (torch_path().float() - kernel().float()).abs().max().item()
     row = {"batch x context": f"{batch} x {context}", "max abs diff": diff}
     if device.type == "cuda":
-        row["gather + SDPA (ms)"] = time_ms(torch_path, device, repeats)
-        row["Triton kernel (ms)"] = time_ms(kernel, device, repeats)
+        row["gather + SDPA (ms)"] = cuda_median_ms(torch_path, repeats)
+        row["Triton kernel (ms)"] = cuda_median_ms(kernel, repeats)
         row["speed-up"] = f"{row['gather + SDPA (ms)'] / row['Triton kernel (ms)']:.1f}x"
     return row
 

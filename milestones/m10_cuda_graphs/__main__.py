@@ -15,30 +15,16 @@ import sys
 
 import torch
 
-from milestones.m01_naive_loop.demo import (Case, check_cases, demo_parser, engine_config, exit_on_bad_input,
-                                            measure, parse_args, positive_int, print_speedup, print_table,
-                                            random_prompts, same_tokens)
+from milestones.m01_naive_loop.demo import (Case, check_cases, cuda_median_ms, demo_parser, engine_config,
+                                            exit_on_bad_input, measure, parse_args, positive_int, print_speedup,
+                                            print_table, random_prompts, same_tokens)
 from milestones.m09_server import LLMEngine as ServerEngine
 from milestones.m10_cuda_graphs import EngineConfig, LLMEngine, SamplingParams
 
-from .graph_runner import CUDAGraphRunner, GraphDecodeAttention
+from .graph_runner import CUDAGraphRunner
 
 STEP_COLUMNS = ["batch", "eager step (ms)", "graph replay (ms)", "speed-up"]
 E2E_COLUMNS = ["label", "requests", "output tokens", "wall s", "output tok/s", "ms/token (mean ITL)"]
-
-
-def median_ms(fn, repeats: int) -> float:
-    """Median CUDA-event milliseconds of ``fn()`` over ``repeats`` calls, after two warm-up calls."""
-    fn(), fn()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[len(times) // 2]
 
 
 def step_rows(engine: LLMEngine, context: int, repeats: int) -> list[dict]:
@@ -54,11 +40,9 @@ def step_rows(engine: LLMEngine, context: int, repeats: int) -> list[dict]:
         runner.slot_mapping[:size] = -1  # timing only: write nothing
         runner.block_tables[:size, :blocks] = torch.arange(size * blocks, device=engine.device,
                                                            dtype=torch.int32).view(size, blocks)
-        attention = GraphDecodeAttention(engine.kv_pool, runner.slot_mapping[:size], runner.block_tables[:size],
-                                         runner.context_lens[:size], engine.max_model_len)
         with torch.inference_mode():
-            eager = median_ms(lambda: runner.forward(size, attention), repeats)
-        replayed = median_ms(runner.graphs[size].replay, repeats)
+            eager = cuda_median_ms(lambda: runner.forward(size), repeats)
+        replayed = cuda_median_ms(lambda: runner.run(size), repeats)
         rows.append({"batch": size, "eager step (ms)": eager, "graph replay (ms)": replayed,
                      "speed-up": f"{eager / replayed:.1f}x"})
     return rows

@@ -69,11 +69,17 @@ class GraphDecodeAttention:
 
 
 class CUDAGraphRunner:
-    """Captures one decode graph per batch size of ``ladder`` and replays them."""
+    """Captures one decode graph per batch size of ``ladder`` and replays them.
+
+    With ``capture=False`` nothing is recorded and ``run`` launches the same forward pass eagerly over the same
+    static buffers: the CPU tests use that to check the buffers, the padding and the block tables without a GPU,
+    and the demo to time eager against replayed steps on identical inputs.
+    """
 
     def __init__(self, model, cache: PagedKVCache, ladder: list[int], max_blocks_per_seq: int,
-                 max_context_len: int, device: torch.device) -> None:
-        self.model, self.ladder, self.device = model, ladder, device
+                 max_context_len: int, device: torch.device, capture: bool = True) -> None:
+        self.model, self.cache, self.ladder, self.device = model, cache, ladder, device
+        self.max_context_len = max_context_len
         rows = ladder[-1]
         # The static buffers every graph reads (each graph reads its first ``size`` rows).
         self.input_ids = torch.zeros(rows, dtype=torch.long, device=device)
@@ -81,39 +87,52 @@ class CUDAGraphRunner:
         self.slot_mapping = torch.full((rows,), -1, dtype=torch.long, device=device)
         self.context_lens = torch.zeros(rows, dtype=torch.int32, device=device)
         self.block_tables = torch.zeros((rows, max_blocks_per_seq), dtype=torch.int32, device=device)
-        # Pinned host copies: a step fills these, then one asynchronous copy each moves them to the device.
-        self.host_tokens = torch.zeros((3, rows), dtype=torch.long).pin_memory()  # ids, positions, slots
-        self.host_context_lens = torch.zeros(rows, dtype=torch.int32).pin_memory()
-        self.host_block_tables = torch.zeros((rows, max_blocks_per_seq), dtype=torch.int32).pin_memory()
+        # Host copies a step fills before one asynchronous copy each moves them to the device (pinned on a GPU, so
+        # the copies do not wait for the host; the step's one synchronisation, reading the sampled ids, comes after).
+        pin = device.type == "cuda"
+        self.host_tokens = torch.zeros((3, rows), dtype=torch.long, pin_memory=pin)  # ids, positions, slots
+        self.host_context_lens = torch.zeros(rows, dtype=torch.int32, pin_memory=pin)
+        self.host_block_tables = torch.zeros((rows, max_blocks_per_seq), dtype=torch.int32, pin_memory=pin)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.logits: dict[int, torch.Tensor] = {}
-        self.capture_seconds, self.memory_bytes = self.capture(cache, max_context_len)
+        self.capture_seconds, self.memory_bytes = self.capture() if capture else (0.0, 0)
 
-    def capture(self, cache: PagedKVCache, max_context_len: int) -> tuple[float, int]:
+    def attention(self, size: int) -> GraphDecodeAttention:
+        """The attention callable over the first ``size`` rows of the static buffers."""
+        return GraphDecodeAttention(self.cache, self.slot_mapping[:size], self.block_tables[:size],
+                                    self.context_lens[:size], self.max_context_len)
+
+    def forward(self, size: int) -> torch.Tensor:
+        """One decode forward pass over the first ``size`` rows of the static buffers, launched eagerly."""
+        hidden = self.model(self.input_ids[:size], self.positions[:size], self.attention(size))
+        return self.model.compute_logits(hidden)
+
+    def capture(self) -> tuple[float, int]:
         """Record every graph, largest first (the later, smaller ones reuse its memory pool)."""
         torch.cuda.synchronize(self.device)
         began, reserved = time.perf_counter(), torch.cuda.memory_reserved(self.device)
         pool = None
         for size in reversed(self.ladder):
-            attention = GraphDecodeAttention(cache, self.slot_mapping[:size], self.block_tables[:size],
-                                             self.context_lens[:size], max_context_len)
-            self.forward(size, attention)  # warm-up: compiles the Triton kernels for this shape, allocates
+            self.forward(size)  # warm-up: compiles the Triton kernels for this shape, allocates
             torch.cuda.synchronize(self.device)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
-                self.logits[size] = self.forward(size, attention)
+                self.logits[size] = self.forward(size)
             pool = graph.pool() if pool is None else pool
             self.graphs[size] = graph
         torch.cuda.synchronize(self.device)
         return time.perf_counter() - began, torch.cuda.memory_reserved(self.device) - reserved
 
-    def forward(self, size: int, attention: GraphDecodeAttention) -> torch.Tensor:
-        hidden = self.model(self.input_ids[:size], self.positions[:size], attention)
-        return self.model.compute_logits(hidden)
+    def run(self, size: int) -> torch.Tensor:
+        """The logits of the first ``size`` rows: the graph replayed, or (nothing captured) launched eagerly."""
+        if size in self.graphs:
+            self.graphs[size].replay()
+            return self.logits[size]
+        return self.forward(size)
 
-    def replay(self, input_ids: list[int], positions: list[int], slot_mapping: list[int], context_lens: list[int],
-               block_tables: np.ndarray) -> torch.Tensor:
-        """Copy one decode step's inputs into the static buffers, replay, return ``[n, vocab]`` logits."""
+    def load(self, input_ids: list[int], positions: list[int], slot_mapping: list[int], context_lens: list[int],
+             block_tables: np.ndarray) -> int:
+        """Copy one decode step's inputs into the static buffers; returns the padded batch size."""
         n = len(input_ids)
         size = padded_batch_size(self.ladder, n)
         tokens = self.host_tokens.numpy()
@@ -128,5 +147,10 @@ class CUDAGraphRunner:
         self.slot_mapping[:size].copy_(self.host_tokens[2, :size], non_blocking=True)
         self.context_lens[:size].copy_(self.host_context_lens[:size], non_blocking=True)
         self.block_tables[:n, :width].copy_(self.host_block_tables[:n, :width], non_blocking=True)
-        self.graphs[size].replay()
-        return self.logits[size][:n]
+        return size
+
+    def replay(self, input_ids: list[int], positions: list[int], slot_mapping: list[int], context_lens: list[int],
+               block_tables: np.ndarray) -> torch.Tensor:
+        """One decode step: load its inputs, run the graph of its padded size, return ``[n, vocab]`` logits."""
+        size = self.load(input_ids, positions, slot_mapping, context_lens, block_tables)
+        return self.run(size)[:len(input_ids)]
