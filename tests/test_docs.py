@@ -17,6 +17,9 @@ model, and a new interpreter per command would cost seconds of imports each). A 
 command would block: it is started on a free loopback port instead, must answer HTTP within
 ``SERVE_START_S``, and is then stopped. Every run gets ``OMP_NUM_THREADS=1`` (on the tiny model threads only
 contend) and the session's temporary tokenizer cache.
+
+Also: the architecture diagram's script runs (into a temp dir) and every file, function and class its boxes
+name exists; every Python solution in docs/workshop.md runs against the code.
 """
 
 from __future__ import annotations
@@ -400,3 +403,29 @@ def test_the_architecture_diagram_names_files_and_functions_that_exist():
         missing += [f for f in re.findall(r"\b\w+\.py\b", text) if f not in files]
         missing += [name for name in SNAKE_OR_CAMEL.findall(text.replace(".py", "")) if name not in source]
     assert missing == []
+
+
+# ---- the workshop's solutions -------------------------------------------------------------------------------------
+
+WORKSHOP = REPO / "docs" / "workshop.md"
+
+
+def python_blocks(markdown: str) -> list[str]:
+    """The code of every fenced ```python block (the workshop's solutions are all Python)."""
+    return re.findall(r"^```python\n(.*?)^```", markdown, re.S | re.M)
+
+
+@pytest.mark.slow
+def test_the_workshop_solutions_run(tokenizer_cache, tmp_path):
+    """Every Python solution in docs/workshop.md runs against this code (one interpreter, a fresh namespace each),
+    so a change that breaks an exercise's solution breaks this test."""
+    blocks = python_blocks(WORKSHOP.read_text(encoding="utf-8"))
+    assert len(blocks) >= 6, "docs/workshop.md lost its solutions?"
+    script = tmp_path / "solutions.py"
+    script.write_text("\n".join(f"print('== solution {i}', flush=True)\n"
+                                f"exec(compile({block!r}, 'docs/workshop.md solution {i}', 'exec'), {{'__name__': '__main__'}})"
+                                for i, block in enumerate(blocks)))
+    done = subprocess.run([sys.executable, str(script)], cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                          capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S * 3)
+    assert done.returncode == 0, done.stdout[-1500:] + done.stderr[-3000:]
+    assert done.stdout.count("== solution ") == len(blocks)
