@@ -168,7 +168,7 @@ def _block(run: dict, section: str) -> dict | None:
     raise ValueError(f"unknown section {section!r}")
 
 
-def _as_float(value) -> float | None:
+def _as_float(value: object) -> float | None:
     try:
         return float(value)
     except (TypeError, ValueError):
