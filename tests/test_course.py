@@ -14,6 +14,7 @@ import inspect
 import json
 import pkgutil
 import re
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -38,8 +39,27 @@ def run(capsys, *argv: str) -> tuple[int, str, str]:
     return status, captured.out, captured.err
 
 
+def result(name: str) -> dict:
+    return json.loads((RESULTS / f"{name}.json").read_text())
+
+
 def metric(name: str, key: str) -> float:
-    return json.loads((RESULTS / f"{name}.json").read_text())["metrics"][key]
+    return result(name)["metrics"][key]
+
+
+def repeats_of(name: str, key: str, group: str | None = None) -> list[float]:
+    """``key`` in every interleaved repeat of a result (of one request group, when given)."""
+    return [(r["groups"][group] if group else r["metrics"])[key] for r in result(name)["repeats"]]
+
+
+def median_ratio(old: list[float], new: list[float]) -> float:
+    """The median of pair-by-pair ratios new/old: how interleaved repeats of one call are compared."""
+    return statistics.median(b / a for a, b in zip(old, new))
+
+
+def block_of(out: str, name: str) -> str:
+    """The lines of ``python -m milestones`` that belong to milestone ``name``."""
+    return out.split(f"\n{name} ", 1)[1].split("\n\n", 1)[0]
 
 
 # ---- the list -------------------------------------------------------------------------------------------------
@@ -66,14 +86,54 @@ def test_list_idea_is_the_docstrings_first_sentence(capsys):
 def test_list_gains_come_from_the_committed_results(capsys):
     _, out, _ = run(capsys)
     m04_skewed = metric("m04_skewed", "output_tokens_per_s") / metric("m03_skewed", "output_tokens_per_s")
-    assert f"skewed: {m04_skewed:.2f}x m03's output tok/s" in out
-    m03_offline = metric("m03_offline", "output_tokens_per_s") / metric("m02_offline-n16", "output_tokens_per_s")
+    assert f"skewed (one request in 8 long): {m04_skewed:.2f}x m03's output tok/s" in out
+    m03_offline = statistics.median(repeats_of("m03_offline", "output_tokens_per_s"))
+    m03_offline /= metric("m02_offline-n16", "output_tokens_per_s")
     assert re.search(rf"offline: {m03_offline:.0f}x (\(\S+\) )?m02's output tok/s", out)  # a spread if repeated
     assert "m02 ran 16 of its 128 requests" in out
     itl = metric("m02_single", "itl_mean_s") / metric("m01_single", "itl_mean_s")  # m02 is slower at 512 tokens
     assert f"single (512-token prompt): {itl:.2f}x higher mean inter-token latency than m01" in out
     block_m01 = out.split("m01_naive_loop", 1)[1].split("m02_kv_cache", 1)[0]
     assert "the baseline" in block_m01
+
+
+def test_every_milestone_after_the_first_has_a_measured_figure(capsys):
+    _, out, _ = run(capsys)
+    for name in PACKAGES[1:]:
+        block = block_of(out, name)
+        assert "H200" in block and "pending H200 run" not in block, block
+
+
+def test_m04_on_offline_is_said_to_be_slower_and_skewed_to_be_single_runs_of_an_earlier_call(capsys):
+    _, out, _ = run(capsys)
+    block = block_of(out, "m04_continuous_batching")
+    ratio = median_ratio(repeats_of("m03_offline", "output_tokens_per_s"), repeats_of("m04_offline", "output_tokens_per_s"))
+    assert ratio < 1  # the committed result: m04 is slower than m03 on offline; the line must not hide it
+    assert re.search(rf"offline: {ratio:.2f}x \(\S+\) m03's output tok/s, i\.e\. lower .*medians of 3 interleaved runs",
+                     block)
+    skewed = next(line for line in block.splitlines() if "skewed" in line)
+    commit = result("m04_skewed")["env"]["git_commit"][:7]
+    assert f"single runs of an earlier call ({commit})" in skewed
+
+
+def test_later_milestones_name_what_they_are_compared_with(capsys):
+    _, out, _ = run(capsys)
+    m05 = median_ratio(repeats_of("m04_memory-bound", "running_mean_while_waiting"),
+                       repeats_of("m05_memory-bound", "running_mean_while_waiting"))
+    assert f"memory-bound: {m05:.2f}x m04's requests in the batch while others wait" in block_of(out, "m05_paged_blocks")
+    wall = median_ratio(repeats_of("m06_prefix-large", "wall_time_s"), repeats_of("m05_prefix-large", "wall_time_s"))
+    assert f"prefix-large: {wall:.2f}x" in block_of(out, "m06_prefix_cache")
+    itl_max = median_ratio(repeats_of("m07_chunked-long+mnbt-512", "itl_max_s", "decoder"),
+                           repeats_of("m07_chunked-long+mnbt-none", "itl_max_s", "decoder"))
+    m07 = block_of(out, "m07_chunked_prefill")
+    assert f"{gains.format_ratio(itl_max)} (" in m07 and "than m07 with no budget" in m07
+    online = result("online/online_m09_offline")
+    m09 = block_of(out, "m09_server")
+    assert f"{online['burst_vs_offline']:.2f}x the output tok/s of the same engine's offline generate" in m09
+    assert "not a gain over m08" in m09
+    versus_hf = median_ratio(repeats_of("hf-compiled_offline", "output_tokens_per_s"),
+                             repeats_of("m10_offline", "output_tokens_per_s"))
+    assert f"offline: {versus_hf:.2f}x " in block_of(out, "m10_cuda_graphs") and "hf-compiled's" in out
 
 
 def test_a_milestone_without_committed_results_is_pending_never_a_number(tmp_path):
@@ -101,7 +161,7 @@ def test_interleaved_repeats_give_the_median_ratio_with_its_range(tmp_path):
     assert (gain.ratio_low, gain.ratio_high) == pytest.approx((190 / 90, 210 / 110)[::-1])
     line = gains.describe(gain, "m03")
     assert line.startswith("offline: 2.00x (1.91-2.11x) m03's output tok/s (200 vs 100 tok/s)")
-    assert "medians of 3 runs" in line
+    assert line.endswith("medians of 3 interleaved runs")
 
 
 def test_a_spread_without_repeats_is_shown_as_a_range(tmp_path):
@@ -114,10 +174,48 @@ def test_a_spread_without_repeats_is_shown_as_a_range(tmp_path):
 
 
 def test_every_declared_figure_names_results_of_the_milestone_and_its_predecessor():
+    """A figure compares the milestone with the one before it, or says what it compares with instead."""
     for key, figures in gains.FIGURES.items():
         for figure in figures:
-            assert figure.new.split("_")[0] == key, figure
-            assert figure.old.split("_")[0] == f"m{int(key[1:]) - 1:02d}", figure
+            assert gains.load_result(figure.new)["milestone"].split("_")[0] == key, figure
+            if figure.versus is None:
+                assert figure.new.split("_")[0] == key, figure
+                assert figure.old.split("_")[0] == f"m{int(key[1:]) - 1:02d}", figure
+
+
+def test_provenance_says_single_runs_of_an_earlier_call_or_different_calls(tmp_path):
+    (tmp_path / "calls").mkdir()
+    (tmp_path / "calls" / "a.json").write_text(json.dumps({"suite": {"started": "2026-11-30T05:00:00+00:00"}}))
+
+    def write(name: str, commit: str, stamp: str, value: float) -> None:
+        (tmp_path / f"{name}.json").write_text(json.dumps({
+            "milestone": name, "env": {"git_commit": commit, "timestamp": stamp},
+            "metrics": {"output_tokens_per_s": value}}))
+
+    figure = gains.Figure("old", "new", "output_tokens_per_s", "output tok/s", "skewed")
+    write("old", "abc1234", "2026-11-30T02:00:00+00:00", 100.0)
+    write("new", "abc1234", "2026-11-30T02:01:00+00:00", 150.0)
+    line = gains.describe(gains.compare(figure, tmp_path), "m03")
+    assert line == "skewed: 1.50x m03's output tok/s (150 vs 100 tok/s), single runs of an earlier call (abc1234)"
+    write("new", "def5678", "2026-11-30T06:00:00+00:00", 50.0)  # slower, and from another call
+    line = gains.describe(gains.compare(figure, tmp_path), "m03")
+    assert line == ("skewed: 0.50x m03's output tok/s, i.e. lower (50.0 vs 100 tok/s), "
+                    "single runs of different calls (abc1234, def5678)")
+
+
+def test_an_online_result_compares_a_rate_with_the_offline_reference(tmp_path):
+    (tmp_path / "online").mkdir()
+    online = {"status": "ok", "milestone": "m09_server", "offline_reference": {"output_tokens_per_s": 400.0},
+              "runs": [{"rate": 8.0, "summary": {"output_tokens_per_s": 100.0}},
+                       {"rate": "inf", "summary": {"output_tokens_per_s": 300.0}}]}
+    (tmp_path / "online" / "o.json").write_text(json.dumps(online))
+    figure = gains.Figure("online/o", "online/o", "output_tokens_per_s", "output tok/s", "burst", section="runs:inf",
+                          old_section="offline_reference", versus="the same engine offline", note="not a gain")
+    gain = gains.compare(figure, tmp_path)
+    assert gain.ratio == pytest.approx(0.75)
+    assert gains.describe(gain, "m08") == ("burst: 0.75x the output tok/s of the same engine offline, i.e. lower "
+                                           "(300 vs 400 tok/s), single runs; not a gain")
+    assert isinstance(gains.compare(dataclasses.replace(figure, section="runs:16"), tmp_path), gains.Pending)
 
 
 def test_colour_only_on_a_terminal_and_never_with_no_color(capsys, monkeypatch):
@@ -219,6 +317,19 @@ def test_stacked_layout_puts_the_replaced_method_first(capsys):
     assert old_at < new_at
     assert "-     \"\"\"m01: every step runs the model" in out[old_at:new_at]
     assert "+     cache = KVCache.for_model" in out[new_at:]
+
+
+def test_non_adjacent_diff_reaches_the_last_milestone(capsys):
+    first, last = PACKAGES[-4], PACKAGES[-1]
+    status, out, _ = run(capsys, "diff", first, last, "--stat")
+    assert status == 0
+    for old, new in PAIRS[-3:]:
+        assert re.search(rf"^{new} \(after {old.split('_')[0]}\): \d+ files", out, re.M), new
+    assert out.rstrip().splitlines()[-1].startswith("3 steps: ")
+    status, out, _ = run(capsys, "diff", first, last, "--width", "120")  # the full view too, every step in order
+    assert status == 0 and out.startswith(f"{first} -> {last}: 3 steps")
+    heads = [out.index(f"== {new} (after {old})") for old, new in PAIRS[-3:]]
+    assert heads == sorted(heads)
 
 
 def test_non_adjacent_diff_walks_every_step_in_order(capsys):

@@ -11,17 +11,22 @@ CPU and must exit with status 0. To keep the whole file at about a minute of CPU
   here), and
 * with its size flags capped at ``SMALL`` (a flag the command leaves out is added when the demo has it);
 so the test proves that the flags a page shows exist and that the code path runs, not the page's numbers.
-``python -m milestones`` itself (the list, ``diff``) runs exactly as written. A synopsis with placeholders
+``python -m milestones`` itself (the list, ``diff``) runs exactly as written, in this process (it builds no
+model, and a new interpreter per command would cost seconds of imports each). A synopsis with placeholders
 (``python -m milestones diff OLD NEW``, ``<name>``, ``...``) is not a command and is skipped. A ``serve``
 command would block: it is started on a free loopback port instead, must answer HTTP within
 ``SERVE_START_S``, and is then stopped. Every run gets ``OMP_NUM_THREADS=1`` (on the tiny model threads only
 contend) and the session's temporary tokenizer cache.
+
+Also: the architecture diagram's script runs (into a temp dir) and every file, function and class its boxes
+name exists; every Python solution in docs/workshop.md runs against the code.
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.util
 import io
 import json
 import os
@@ -49,6 +54,7 @@ SMALL = {  # a demo's size flag -> the most it gets here (a list with any elemen
     "--max-tokens": 4, "--min-tokens": 2, "--short-tokens": 2, "--long-tokens": 8, "--num-prompts": 4,
     "--prompt-len": 16, "--prompt-lens": 16, "--min-prompt-len": 8, "--max-prompt-len": 16,
     "--repeats": 1,  # demo.measure's timed rounds: one proves the path runs
+    "--long-len": 256, "--decoder-tokens": 4,  # m07's long prompts and its decoders
 }
 SMALL_LISTS = {"--prompt-lens": "8,16"}  # what a list flag gets instead
 COMMAND_TIMEOUT_S = 120
@@ -320,7 +326,17 @@ RUNS = _unique_runs()
 
 @pytest.mark.slow
 @pytest.mark.parametrize("source, args, env, module", RUNS, ids=[f"{m} {' '.join(a)}" for _, a, _, m in RUNS])
-def test_every_documented_command_runs_on_the_cpu(source, args, env, module, tokenizer_cache, tmp_path):
+def test_every_documented_command_runs_on_the_cpu(source, args, env, module, tokenizer_cache, tmp_path,
+                                                 monkeypatch, capsys):
+    if module == "milestones":  # the course tools, in this process (see the module docstring)
+        from milestones._course.cli import main as course_main
+
+        for name, value in env:
+            monkeypatch.setenv(name, value)
+        status = course_main(list(args))
+        captured = capsys.readouterr()
+        assert status == 0 and captured.out, f"{source}\nran: python -m milestones {' '.join(args)}\n{captured.err}"
+        return
     environment = {**os.environ, "OMP_NUM_THREADS": "1", **dict(env)}  # tiny model: threads only contend
     argv = [sys.executable, "-m", module, *args]
     if args[:1] == ("serve",):
@@ -350,3 +366,66 @@ def test_a_server_that_comes_up_is_seen_answering():
         stop(process)
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     assert not answers_http(dead, free_port(), 5)
+
+
+# ---- the architecture diagram --------------------------------------------------------------------------------------
+
+DIAGRAM = REPO / "docs" / "diagrams" / "architecture.py"
+SNAKE_OR_CAMEL = re.compile(r"\b[a-z]+(?:_[a-z0-9]+)+\b|\b[A-Z][a-z]+(?:[A-Z][a-z0-9]*)+\b|\b[A-Z]{2,}[a-z]+[A-Za-z]*\b")
+
+
+def diagram_module():
+    spec = importlib.util.spec_from_file_location("architecture_diagram", DIAGRAM)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_architecture_diagram_is_drawn_from_its_source(tmp_path):
+    """The committed image can always be regenerated: the script runs (into a temp dir) and writes a PNG."""
+    out = tmp_path / "architecture.png"
+    done = subprocess.run([sys.executable, str(DIAGRAM), "--out", str(out)], cwd=REPO, capture_output=True,
+                          text=True, timeout=COMMAND_TIMEOUT_S)
+    assert done.returncode == 0, done.stderr
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    committed = REPO / "docs" / "images" / "architecture.png"
+    assert committed.is_file() and "images/architecture.png" in (REPO / "docs" / "architecture.md").read_text()
+
+
+def test_the_architecture_diagram_names_files_and_functions_that_exist():
+    """Every ``file.py``, snake_case and CamelCase name in the diagram's boxes is in the code it describes."""
+    source = "\n".join(p.read_text(encoding="utf-8") for p in (REPO / "milestones").rglob("*.py"))
+    files = {p.name for p in (REPO / "milestones").rglob("*.py")}
+    missing = []
+    for box in diagram_module().BOXES:
+        text = f"{box.title} {box.detail}"
+        missing += [f for f in re.findall(r"\b\w+\.py\b", text) if f not in files]
+        missing += [name for name in SNAKE_OR_CAMEL.findall(text.replace(".py", "")) if name not in source]
+    assert missing == []
+
+
+# ---- the workshop's solutions -------------------------------------------------------------------------------------
+
+WORKSHOP = REPO / "docs" / "workshop.md"
+
+
+def python_blocks(markdown: str) -> list[str]:
+    """The code of every fenced ```python block (the workshop's solutions are all Python)."""
+    return re.findall(r"^```python\n(.*?)^```", markdown, re.S | re.M)
+
+
+@pytest.mark.slow
+def test_the_workshop_solutions_run(tokenizer_cache, tmp_path):
+    """Every Python solution in docs/workshop.md runs against this code (one interpreter, a fresh namespace each),
+    so a change that breaks an exercise's solution breaks this test."""
+    blocks = python_blocks(WORKSHOP.read_text(encoding="utf-8"))
+    assert len(blocks) >= 6, "docs/workshop.md lost its solutions?"
+    script = tmp_path / "solutions.py"
+    script.write_text("\n".join(f"print('== solution {i}', flush=True)\n"
+                                f"exec(compile({block!r}, 'docs/workshop.md solution {i}', 'exec'), {{'__name__': '__main__'}})"
+                                for i, block in enumerate(blocks)))
+    done = subprocess.run([sys.executable, str(script)], cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                          capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S * 3)
+    assert done.returncode == 0, done.stdout[-1500:] + done.stderr[-3000:]
+    assert done.stdout.count("== solution ") == len(blocks)

@@ -1,15 +1,19 @@
-"""Each milestone's measured H200 gain over the previous one, read from ``benchmarks/results/h200/*.json``.
+"""Each milestone's measured H200 gain, read from ``benchmarks/results/h200/*.json`` (and ``online/*.json``).
 
 Which figure is "the gain" of a milestone is a choice, so it is written down once, in ``FIGURES``: for each
 milestone, the result files compared (their names, i.e. file stems), the metric, the workload as a reader
-should see it, and whether lower is better. The first figure of a milestone is its headline. A milestone
-with no entry, or whose files are not committed yet, shows "pending H200 run": a number appears only when
-a result file holds it.
+should see it, and whether lower is better. The first figure of a milestone is its headline. Usually the
+comparison is with the milestone before; where the honest one is something else (m07 with its budget off, the
+same engine offline for m09's server, a transformers baseline), the figure says what (``versus``). A milestone
+with no entry, or whose files are not committed yet, shows "pending H200 run": a number appears only when a
+result file holds it.
 
 A result may carry interleaved repeats of the same run (``repeats``: a list of runs, each a result-shaped dict
 or just its ``metrics``; or ``spread``: ``{metric: {"min": .., "max": ..}}``). Then the figure is the median
-with its min-max. When both sides have the same number of repeats they were interleaved in one call
-(A, B, A, B, ...), so the ratio is taken pair by pair and its median and range are reported.
+with its min-max. When both sides have the same number of repeats and the same commit they were interleaved
+in one call (A, B, A, B, ...), so the ratio is taken pair by pair and its median and range are reported.
+Every line says how its two sides were measured (``provenance``): interleaved repeats, single runs, runs of
+different calls (named by commit), or of a call earlier than the suite calls recorded in ``calls/*.json``.
 """
 
 from __future__ import annotations
@@ -30,7 +34,13 @@ class Figure:
     """One measured comparison: result ``new`` against result ``old`` on ``metric``.
 
     ``section`` says where the metric lives in a result: ``metrics`` (the whole run), ``groups.<name>`` (one
-    group of requests, e.g. ``groups.decoder``), or ``sweep:<prompt_len>`` (one point of a sweep).
+    group of requests, e.g. ``groups.decoder``), ``sweep:<prompt_len>`` (one point of a sweep), or, in an online
+    result (``online/*.json``), ``offline_reference`` (the same engine driven offline) or ``runs:<rate>`` (one
+    arrival rate; ``runs:inf`` is the burst). ``old_section`` is the section in ``old`` where it differs.
+
+    Most figures compare a milestone with the one before it. Where the honest comparison is another one (the
+    same engine with a knob off, a transformers baseline, the same engine offline), ``versus`` says in a
+    reader's words what ``old`` is, and ``note`` says what the figure is, or is not.
     """
 
     old: str  # result name (file stem under benchmarks/results/h200/), e.g. "m03_skewed"
@@ -40,6 +50,15 @@ class Figure:
     workload: str  # the workload as a reader should see it, e.g. "skewed"
     lower_is_better: bool = False
     section: str = "metrics"
+    old_section: str | None = None
+    versus: str | None = None  # what ``old`` is when it is not the previous milestone, e.g. "hf-compiled"
+    note: str = ""  # said after the numbers
+    fewer: bool = False  # a count: "16x fewer prompt tokens computed" rather than "16x lower ..."
+
+    @property
+    def sections(self) -> tuple[str, str]:
+        """(the section read in ``old``, the section read in ``new``)."""
+        return self.old_section or self.section, self.section
 
 
 TOKS = "output tok/s"
@@ -50,19 +69,37 @@ FIGURES: dict[str, tuple[Figure, ...]] = {
             Figure("m01_long-sweep", "m02_long-sweep", "itl_mean_s", "mean inter-token latency",
                    "long-sweep at a 32,768-token prompt", lower_is_better=True, section="sweep:32768")),
     "m03": (Figure("m02_offline-n16", "m03_offline", "output_tokens_per_s", TOKS, "offline"),),
-    "m04": (Figure("m03_skewed", "m04_skewed", "output_tokens_per_s", TOKS, "skewed"),
-            Figure("m03_nanovllm", "m04_nanovllm", "output_tokens_per_s", TOKS, "nanovllm"),
-            Figure("m03_offline", "m04_offline", "output_tokens_per_s", TOKS, "offline")),
-    # The figures below follow docs/benchmarks.md's file names and ROADMAP.md's targets; until their files are
-    # committed they read "pending H200 run". Adjust a name here if the suite names a run differently.
-    "m05": (Figure("m04_memory-bound", "m05_memory-bound", "output_tokens_per_s", TOKS, "memory-bound"),),
+    "m04": (Figure("m03_offline", "m04_offline", "output_tokens_per_s", TOKS, "offline",
+                   note="about as many steps as m03, each with more host work, all bound by eager kernel launches"),
+            Figure("m03_offline", "m04_offline", "ttft_p50_s", "TTFT p50", "offline", lower_is_better=True),
+            Figure("m03_skewed", "m04_skewed", "output_tokens_per_s", TOKS, "skewed (one request in 8 long)")),
+    "m05": (Figure("m04_memory-bound", "m05_memory-bound", "output_tokens_per_s", TOKS, "memory-bound"),
+            Figure("m04_memory-bound", "m05_memory-bound", "running_mean_while_waiting",
+                   "requests in the batch while others wait", "memory-bound")),
     "m06": (Figure("m05_prefix", "m06_prefix", "ttft_p50_s", "TTFT p50", "prefix", lower_is_better=True),
             Figure("m05_prefix", "m06_prefix", "prompt_tokens_computed", "prompt tokens computed", "prefix",
+                   lower_is_better=True, fewer=True),
+            Figure("m05_prefix-large", "m06_prefix-large", "wall_time_s", "wall time", "prefix-large",
                    lower_is_better=True)),
-    "m07": (Figure("m06_chunked-long", "m07_chunked-long", "itl_max_s", "worst decoder inter-token latency",
-                   "chunked-long", lower_is_better=True, section="groups.decoder"),),
+    "m07": (Figure("m07_chunked-long+mnbt-none", "m07_chunked-long+mnbt-512", "itl_max_s",
+                   "worst decoder inter-token latency", "chunked-long, budget 512", lower_is_better=True,
+                   section="groups.decoder", versus="m07 with no budget, each prompt in one step as in m06"),
+            Figure("m07_chunked-long+mnbt-none", "m07_chunked-long+mnbt-512", "ttft_p50_s",
+                   "TTFT p50 of the long prompts", "chunked-long, budget 512", lower_is_better=True,
+                   section="groups.long_prompt", versus="m07 with no budget",
+                   note="the price: each long prompt now takes many steps")),
     "m08": (Figure("m07_nanovllm", "m08_nanovllm", "output_tokens_per_s", TOKS, "nanovllm"),),
-    "m10": (Figure("m09_offline", "m10_offline", "output_tokens_per_s", TOKS, "offline"),),
+    "m09": (Figure("online/online_m09_offline", "online/online_m09_offline", "output_tokens_per_s", TOKS,
+                   "offline, streamed over HTTP all at once (burst)", section="runs:inf",
+                   old_section="offline_reference", versus="the same engine's offline generate",
+                   note="not a gain over m08: what serving costs while clients, event loop and engine thread "
+                        "share one Python process"),),
+    "m10": (Figure("m09_offline", "m10_offline", "output_tokens_per_s", TOKS, "offline"),
+            Figure("hf-compiled_offline", "m10_offline", "output_tokens_per_s", TOKS, "offline",
+                   versus="hf-compiled",
+                   note="hf-compiled: transformers' generate with a static cache and torch.compile, warmed up"),
+            Figure("m08_nanovllm", "m10_nanovllm", "output_tokens_per_s", TOKS, "nanovllm", versus="m08",
+                   note="m09 serves m08's engine and was not run on nanovllm")),
 }
 
 
@@ -91,6 +128,7 @@ class Gain:
     ratio_low: float
     ratio_high: float
     has_spread: bool
+    provenance: str = ""  # how the two sides were measured, e.g. "medians of 3 interleaved runs"
 
 
 @dataclass(frozen=True)
@@ -109,31 +147,54 @@ def load_result(name: str, results_dir: Path = RESULTS_DIR) -> dict | None:
         return None
 
 
-def _pick(run: dict, figure: Figure) -> float | None:
-    """``figure``'s metric in one run (a result or one of its repeats); None when it is not there."""
-    if figure.section == "metrics":
-        block = run.get("metrics", run)
-    elif figure.section.startswith("groups."):
-        block = (run.get("groups") or {}).get(figure.section.removeprefix("groups."))
-    elif figure.section.startswith("sweep:"):
-        prompt_len = int(figure.section.removeprefix("sweep:"))
-        block = next((p for p in run.get("sweep") or [] if p.get("prompt_len") == prompt_len), None)
-    else:
-        raise ValueError(f"unknown section {figure.section!r} in {figure}")
-    value = block.get(figure.metric) if isinstance(block, dict) else None
+TOP_LEVEL_SECTIONS = ("metrics", "offline_reference")
+
+
+def _block(run: dict, section: str) -> dict | None:
+    """The dict that holds the metrics of ``section`` in one run (a result or one of its repeats)."""
+    if section == "metrics":
+        return run.get("metrics", run)
+    if section in TOP_LEVEL_SECTIONS:
+        return run.get(section)
+    if section.startswith("groups."):
+        return (run.get("groups") or {}).get(section.removeprefix("groups."))
+    if section.startswith("sweep:"):
+        prompt_len = int(section.removeprefix("sweep:"))
+        return next((p for p in run.get("sweep") or [] if p.get("prompt_len") == prompt_len), None)
+    if section.startswith("runs:"):  # an online result: one arrival rate ("inf": the burst)
+        rate = float(section.removeprefix("runs:"))
+        found = next((r for r in run.get("runs") or [] if _as_float(r.get("rate")) == rate), None)
+        return found.get("summary") if isinstance(found, dict) else None
+    raise ValueError(f"unknown section {section!r}")
+
+
+def _as_float(value: object) -> float | None:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _pick(run: dict, metric: str, section: str) -> float | None:
+    """``metric`` of ``section`` in one run; None when it is not there."""
+    block = _block(run, section)
+    value = block.get(metric) if isinstance(block, dict) else None
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
-def measure(result: dict, figure: Figure) -> Measurement | None:
-    """``figure``'s metric in ``result``, over its repeats when it has them; None when the metric is absent."""
+def measure(result: dict, figure: Figure, section: str | None = None) -> Measurement | None:
+    """``figure``'s metric in ``result`` (in ``section``, default the figure's), over its repeats when it has
+    them; None when the metric is absent."""
+    section = section or figure.section
     repeats = [r for r in result.get("repeats") or [] if isinstance(r, dict)]
-    values = [v for v in (_pick(run, figure) for run in repeats) if v is not None]
+    values = [v for v in (_pick(run, figure.metric, section) for run in repeats) if v is not None]
     if values:
         return Measurement(result, tuple(values), min(values), max(values))
-    value = _pick(result, figure)
+    value = _pick(result, figure.metric, section)
     if value is None:
         return None
-    spread = (result.get("spread") or {}).get(figure.metric)
+    spread = result.get("spread") or {}
+    spread = spread.get(figure.metric, spread.get(f"{section}.{figure.metric}"))
     if isinstance(spread, dict) and {"min", "max"} <= spread.keys():
         return Measurement(result, (value,), float(spread["min"]), float(spread["max"]))
     if isinstance(spread, (list, tuple)) and len(spread) == 2:
@@ -148,20 +209,21 @@ def _better(old: float, new: float, lower_is_better: bool) -> float:
 def compare(figure: Figure, results_dir: Path = RESULTS_DIR) -> Gain | Pending:
     """``figure`` computed from the committed results, or ``Pending`` saying what is missing."""
     measurements = []
-    for name in (figure.old, figure.new):
+    for name, section in zip((figure.old, figure.new), figure.sections):
         result = load_result(name, results_dir)
         if result is None:
             return Pending(figure, f"{PENDING} ({name}.json not committed)")
         if result.get("status", "ok") != "ok":
             return Pending(figure, f"{PENDING} ({name}.json: {result.get('status')})")
-        measurement = measure(result, figure)
+        measurement = measure(result, figure, section)
         if measurement is None:
-            return Pending(figure, f"{PENDING} ({name}.json has no {figure.metric} in {figure.section})")
+            return Pending(figure, f"{PENDING} ({name}.json has no {figure.metric} in {section})")
         if 0 in (measurement.low, measurement.high):
             return Pending(figure, f"no ratio: {figure.metric} is 0 in {name}.json")
         measurements.append(measurement)
     old, new = measurements
-    if len(old.values) == len(new.values) > 1:  # interleaved repeats of one call: compare pair by pair
+    interleaved = len(old.values) == len(new.values) > 1 and _commit(old.result) == _commit(new.result)
+    if interleaved:  # repeats of one call, A, B, A, B, ...: compare pair by pair
         ratios = [_better(a, b, figure.lower_is_better) for a, b in zip(old.values, new.values)]
         ratio, low, high = statistics.median(ratios), min(ratios), max(ratios)
     else:
@@ -169,7 +231,44 @@ def compare(figure: Figure, results_dir: Path = RESULTS_DIR) -> Gain | Pending:
         ends = [_better(a, b, figure.lower_is_better) for a in (old.low, old.high) for b in (new.low, new.high)]
         low, high = min(ends), max(ends)
     has_spread = len(old.values) > 1 or len(new.values) > 1 or low != high
-    return Gain(figure, old, new, ratio, low, high, has_spread)
+    return Gain(figure, old, new, ratio, low, high, has_spread, provenance(old, new, interleaved, results_dir))
+
+
+def _commit(result: dict) -> str | None:
+    """The result's git commit, short (suite records write it in full or short)."""
+    commit = (result.get("env") or {}).get("git_commit")
+    return commit[:7] if isinstance(commit, str) and commit else None
+
+
+def first_suite_call(results_dir: Path = RESULTS_DIR) -> str | None:
+    """When the earliest suite call recorded in ``<results_dir>/calls/*.json`` started (ISO time), or None."""
+    starts = []
+    for path in sorted((results_dir / "calls").glob("*.json")):
+        try:
+            started = json.loads(path.read_text(encoding="utf-8")).get("suite", {}).get("started")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(started, str):
+            starts.append(started)
+    return min(starts) if starts else None
+
+
+def provenance(old: Measurement, new: Measurement, interleaved: bool, results_dir: Path = RESULTS_DIR) -> str:
+    """How the two sides were measured, in words: interleaved repeats of one call, single runs, or runs of
+    different calls (named by commit). A run made before the first recorded suite call is "an earlier call"."""
+    runs = sorted({len(old.values), len(new.values)})
+    if interleaved:
+        return f"medians of {runs[0]} interleaved runs"
+    commits = [c for c in dict.fromkeys((_commit(old.result), _commit(new.result))) if c]
+    first_call = first_suite_call(results_dir)
+    stamps = [(m.result.get("env") or {}).get("timestamp") for m in (old, new)]
+    earlier = first_call is not None and all(isinstance(t, str) and t < first_call for t in stamps)
+    words = "single runs" if runs == [1] else f"medians of {'/'.join(str(n) for n in runs)} runs"
+    if len(commits) > 1:
+        return f"{words} of different calls ({', '.join(commits)})"
+    if earlier:
+        return f"{words} of an earlier call" + (f" ({commits[0]})" if commits else "")
+    return words
 
 
 def gains_of(key: str, results_dir: Path = RESULTS_DIR) -> list[Gain | Pending]:
@@ -190,41 +289,49 @@ def format_value(metric: str, value: float) -> str:
     if metric.endswith("_per_s"):
         return f"{value:,.0f} tok/s" if value >= 100 else f"{value:,.1f} tok/s"
     if metric.endswith("_s"):
-        return f"{value:,.2f} s" if value >= 10 else f"{value * 1000:,.3g} ms"
+        if value >= 10:
+            return f"{value:,.1f} s"
+        return f"{value:.2f} s" if value >= 1 else f"{value * 1000:.3g} ms"
     if metric.endswith("_fraction"):
         return f"{value:.2f}"
-    return f"{value:,.0f}"
+    return f"{value:,.0f}" if value >= 100 or value == int(value) else f"{value:.1f}"
 
 
 def describe(gain: Gain, previous_key: str) -> str:
-    """One line, e.g. ``skewed: 1.78x m03's output tok/s (654 vs 367 tok/s)``, with ``(min-max)`` from repeats."""
+    """One line, e.g. ``skewed: 1.78x m03's output tok/s (654 vs 367 tok/s), single runs``, with ``(min-max)``
+    from repeats; the comparison is with ``previous_key`` unless the figure names what it is ``versus``."""
     figure = gain.figure
     ratio, low, high = gain.ratio, gain.ratio_low, gain.ratio_high
+    against = figure.versus or previous_key
+    lower, higher = ("fewer", "more") if figure.fewer else ("lower", "higher")
     if figure.lower_is_better and ratio >= 1:
-        words = "{r} lower {label} than {prev}"
+        words = f"{{r}} {lower} {figure.label} than {against}"
     elif figure.lower_is_better:  # worse: say "higher" with the inverse, rather than "0.97x lower"
         ratio, low, high = 1 / ratio, 1 / high, 1 / low
-        words = "{r} higher {label} than {prev}"
+        words = f"{{r}} {higher} {figure.label} than {against}"
     else:
-        words = "{r} {prev}'s {label}"
-    r = format_ratio(ratio) + (f" ({format_ratio(low).removesuffix('x')}-{format_ratio(high)})"
-                               if gain.has_spread else "")
+        words = f"{{r}} {against}'s {figure.label}" if " " not in against else f"{{r}} the {figure.label} of {against}"
+        if ratio < 1:  # worse where higher is better: the ratio stays (it is the honest one), and the line says so
+            words += f", i.e. {lower}"
+    r = format_ratio(ratio)
+    if gain.has_spread and format_ratio(low) != format_ratio(high):
+        r += f" ({format_ratio(low).removesuffix('x')}-{format_ratio(high)})"
     new, old = (format_value(figure.metric, m.median) for m in (gain.new, gain.old))
     new_number, _, new_unit = new.partition(" ")
     values = f"{new_number} vs {old}" if new_unit and old.endswith(" " + new_unit) else f"{new} vs {old}"
-    line = f"{figure.workload}: {words.format(r=r, label=figure.label, prev=previous_key)} ({values})"
-    runs = {len(gain.old.values), len(gain.new.values)}
-    if runs != {1}:
-        line += f", medians of {'/'.join(str(n) for n in sorted(runs))} runs"
-    return line + _slice_note(gain)
+    line = f"{figure.workload}: {words.format(r=r)} ({values})"
+    if gain.provenance:
+        line += f", {gain.provenance}"
+    line += _slice_note(gain)
+    return line + (f"; {figure.note}" if figure.note else "")
 
 
 def _slice_note(gain: Gain) -> str:
-    """``; m02 ran 16 of the 128 requests`` when the two sides ran different numbers of a workload's requests."""
+    """``; m02 ran 16 of its 128 requests`` when a side ran only part of its workload's requests."""
     notes = []
     for side in (gain.old.result, gain.new.result):
         workload = side.get("workload") or {}
         run, total = workload.get("num_requests"), workload.get("num_requests_total")
         if run and total and run != total:
             notes.append(f"{side.get('milestone', '?')} ran {run:,} of its {total:,} requests")
-    return "; " + ", ".join(notes) if notes else ""
+    return "; " + ", ".join(dict.fromkeys(notes)) if notes else ""

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TextIO
 
 from .catalog import Milestone
-from .gains import RESULTS_DIR, Gain, describe, gains_of
+from .gains import RESULTS_DIR, Figure, Gain, describe, gains_of
 from .style import Style
 
 
@@ -27,12 +27,19 @@ def gain_lines(milestone: Milestone, previous: Milestone | None, style: Style,
     lines = []
     for gain in gains_of(milestone.key, results_dir):
         if isinstance(gain, Gain):
-            sources = style(f"  [{gain.figure.old} -> {gain.figure.new}]", "dim")
+            sources = style(f"  [{sources_of(gain.figure)}]", "dim")
             lines.append(style(describe(gain, previous.key), "green" if gain.ratio >= 1 else "yellow") + sources)
         else:
             workload = f"{gain.figure.workload}: " if gain.figure else ""
             lines.append(workload + style(gain.reason, "yellow"))
     return lines or [style("no gain declared in milestones/_course/gains.py", "yellow")]
+
+
+def sources_of(figure: Figure) -> str:
+    """``m03_skewed -> m04_skewed``, or ``file: section -> section`` when both sides come from one file."""
+    if figure.old == figure.new:
+        return f"{figure.new}: {' -> '.join(figure.sections)}"
+    return f"{figure.old} -> {figure.new}"
 
 
 def print_listing(milestones: list[Milestone], style: Style, out: TextIO,
