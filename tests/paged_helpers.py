@@ -4,7 +4,7 @@
   changes what a test sees (m06's prefix cache; the stats of step-API runs), so these tests do not share
   engines through ``engine_factory``. Building one is cheap once the tokenizer is cached (ask for the
   ``tokenizer_cache`` fixture, which keeps that cache out of the user's home).
-* ``reference``: transformers' greedy tokens, computed once per (model, prompt) for the session.
+* ``greedy``: fixed-length greedy ``SamplingParams``; ``reference``: transformers' greedy tokens, computed once per (model, prompt) for the session.
 * ``SYSTEM``, ``CHATS``: prompts that share a system prompt (their references are cached across files).
 * ``drain``, ``StepRecorder``, ``poison``, ``assert_blocks_all_free``: drive the step API, record what the
   scheduler chose each step, fill the K/V pool with NaN, and check that every block came back.
@@ -16,6 +16,7 @@ import importlib
 from dataclasses import dataclass
 
 from conftest import hf_greedy, random_prompts
+from milestones.m01_naive_loop import SamplingParams
 
 # Chat-shaped prompts for the prefix-cache tests (m06, m07): one 24-token system prompt (6 blocks of 4) plus a
 # question of 1-8 tokens each.
@@ -23,6 +24,11 @@ SYSTEM = random_prompts(1, 24, 24, seed=31)[0]
 CHATS = [SYSTEM + question for question in random_prompts(4, 1, 8, seed=32)]
 
 _references: dict[tuple[int, tuple[int, ...]], list[int]] = {}
+
+
+def greedy(n: int) -> SamplingParams:
+    """Greedy decoding of exactly ``n`` tokens (EOS ignored)."""
+    return SamplingParams(max_tokens=n, ignore_eos=True)
 
 
 def make_engine(milestone: str, directory, **config):

@@ -10,17 +10,13 @@ import pytest
 
 from conftest import GREEDY_MAX_TOKENS, mixed_length_prompts, random_prompts
 from milestones.m01_naive_loop import SamplingParams
-from paged_helpers import StepRecorder, assert_blocks_all_free, drain, make_engine, poison, reference
+from paged_helpers import StepRecorder, assert_blocks_all_free, drain, greedy, make_engine, poison, reference
 
 M05 = "m05_paged_blocks"
 GREEDY = SamplingParams(max_tokens=GREEDY_MAX_TOKENS, ignore_eos=True)
 # Prompts in no particular order of length (1..40 tokens), and output lengths from 1 to 16.
 PROMPTS = random_prompts(8, 1, 40, seed=21)
 LENGTHS = [9, 1, 16, 4, 12, 2, 7, 14]
-
-
-def greedy(n: int) -> SamplingParams:
-    return SamplingParams(max_tokens=n, ignore_eos=True)
 
 
 @pytest.fixture

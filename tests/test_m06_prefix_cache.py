@@ -7,17 +7,13 @@ from __future__ import annotations
 import pytest
 
 from conftest import random_prompts
-from milestones.m01_naive_loop import SamplingParams
 from milestones.m06_prefix_cache.block_manager import PrefixCachingBlockManager
-from paged_helpers import CHATS, SYSTEM, StepRecorder, assert_blocks_all_free, drain, make_engine, poison, reference
+from paged_helpers import (CHATS, SYSTEM, StepRecorder, assert_blocks_all_free, drain, greedy, make_engine, poison,
+                           reference)
 
 M06 = "m06_prefix_cache"
 SUFFIXES = [chat[len(SYSTEM):] for chat in CHATS]
 LONG = random_prompts(1, 30, 30, seed=33)[0]
-
-
-def greedy(n: int) -> SamplingParams:
-    return SamplingParams(max_tokens=n, ignore_eos=True)
 
 
 @pytest.fixture

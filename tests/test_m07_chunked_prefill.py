@@ -7,14 +7,10 @@ import pytest
 
 from conftest import random_prompts
 from milestones.m01_naive_loop import SamplingParams
-from paged_helpers import CHATS, StepRecorder, assert_blocks_all_free, make_engine, poison, reference
+from paged_helpers import CHATS, StepRecorder, assert_blocks_all_free, greedy, make_engine, poison, reference
 
 M07 = "m07_chunked_prefill"
 PROMPTS = random_prompts(4, 40, 40, seed=41)  # 40 tokens each; cut to the lengths a test needs
-
-
-def greedy(n: int) -> SamplingParams:
-    return SamplingParams(max_tokens=n, ignore_eos=True)
 
 
 @pytest.fixture
