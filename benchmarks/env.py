@@ -114,7 +114,9 @@ def environment(device: torch.device | str | None = None) -> dict:
     if device is not None and device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         info["gpu_memory_bytes"] = props.total_memory
-        info["gpu_count"] = torch.cuda.device_count()
+        info["gpu_count"] = torch.cuda.device_count()  # visible to this process
+        # set when several suite processes share one host, one GPU each (two-GPU calls)
+        info["cuda_visible_devices"] = os.environ.get("CUDA_VISIBLE_DEVICES")
     info.update(git_info())
     info["source_sha256"] = source_fingerprint()
     return info

@@ -109,7 +109,8 @@ class Suite:
         self.began = time.perf_counter()
         self.meta = {"sets": set_names, "budget_s": budget_s, "model": model, "device": device, "dtype": dtype,
                      "gate": gate, "started": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-                     "entries": [describe(e) for e in self.entries]}
+                     "entries": [describe(e) for e in self.entries],
+                     "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
         self.gate_records: list[dict] = []
         self.results: list[dict] = []
         self.slug_dir: Path | None = None
@@ -322,7 +323,8 @@ def unpack(path: Path, out: Path) -> None:
     suite = data.get("suite") if isinstance(data, dict) else None
     if slug_dir is not None and suite and suite.get("started"):
         stamp = suite["started"].replace(":", "").replace("-", "").split("+")[0]
-        call = slug_dir / "calls" / f"{stamp}.json"
+        # two suite processes of one call (one per GPU) start in the same second: the sets tell them apart
+        call = slug_dir / "calls" / f"{stamp}_{'+'.join(suite.get('sets') or [])}.json"
         call.parent.mkdir(parents=True, exist_ok=True)
         envs = [r["env"] for r in results if r.get("env")]
         record = {"suite": suite, "git_commit": envs[0].get("git_commit") if envs else None,

@@ -233,4 +233,19 @@ SETS: dict[str, list[Entry]] = {
         Run("hf-static", "offline", 40),
         Run("hf-cb", "offline", 30),
     ],
+    # ---- two-GPU calls (nvidia-h200-x2): one suite process per GPU, side by side on one host, each with its
+    # own gate and its own interleaved comparisons (a ratio never mixes the two GPUs). See docs/benchmarks.md.
+    # Issue 7's call: the gate for m01-m04 and m03 against m04 on offline, skewed and the exact nanovllm; with
+    # issue 8's m05 and m06 against m04 on nanovllm and the transformers baselines beside them.
+    "pair-a-gpu0": [
+        Gate(("m01", "m02"), ("single", "offline")),
+        Compare(("m04", "m05", "m06"), "nanovllm", run_s=(45, 38, 38)),
+        Compare(("m03", "m04"), "offline", run_s=(7, 7)),
+        Run("hf-static", "offline", 25),
+        Run("hf-cb", "offline", 20),
+    ],
+    "pair-a-gpu1": [
+        Compare(("m03", "m04"), "skewed", run_s=(45, 26)),
+        Compare(("m03", "m04"), "nanovllm", run_s=(52, 44)),
+    ],
 }
