@@ -248,4 +248,18 @@ SETS: dict[str, list[Entry]] = {
         Compare(("m03", "m04"), "skewed", run_s=(45, 26)),
         Compare(("m03", "m04"), "nanovllm", run_s=(52, 44)),
     ],
+    # Issue 9 (GPU 0, after the kernel tests on CUDA and the kernel microbenchmark) and issue 11 (GPU 1).
+    "pair-b-gpu0": [
+        Compare(("m06", "m07", "m08"), "nanovllm", run_s=(32, 30, 20)),
+        Compare(budgets("m07", (None, 2048, 512, 256)), "chunked", run_s=3),
+    ],
+    "pair-b-gpu1": [
+        Gate((Member("m10", (("enforce_eager", True),), "eager"),), ("offline", "nanovllm")),
+        Compare(("m09", "m10"), "nanovllm", run_s=(22, 8), build_s=20),
+        Compare(("m09", "m10"), "memory-bound", run_s=(25, 12), build_s=20),
+        Compare(("m06", "m07", "m08"), "offline", run_s=(10, 10, 9)),
+        Run("hf-static", "offline", 25),
+        Run("hf-static", "nanovllm", 55, max_requests=64),
+        Run("hf-cb", "nanovllm", 70, max_requests=64),
+    ],
 }
