@@ -7,9 +7,10 @@
 # Each process sees one GPU (CUDA_VISIBLE_DEVICES), runs its own float32 gate and its own interleaved
 # comparisons, and writes $OUT/gpu0/ or $OUT/gpu1/ (suite.json, summary.md, suite.log) as gpu_suite.sh does.
 # A ratio therefore never mixes the two GPUs; the two halves share the host's CPUs (32 cores, ample for two
-# launch-bound Python processes). Back home, unpack each half:
-#   python -m benchmarks.gpu_suite --unpack <fetched>/gpu0/suite.json
-#   python -m benchmarks.gpu_suite --unpack <fetched>/gpu1/suite.json
+# launch-bound Python processes). Both halves come back in $OUT/pair.tgz. Back home, unpack each half:
+#   tar xzf <fetched>/pair.tgz -C /tmp/pair
+#   python -m benchmarks.gpu_suite --unpack /tmp/pair/gpu0/suite.json
+#   python -m benchmarks.gpu_suite --unpack /tmp/pair/gpu1/suite.json
 set -uo pipefail
 cd "$(dirname "$0")/.."
 budget=(); extra=()
@@ -39,4 +40,6 @@ for gpu in 0 1; do
     echo "================ GPU $gpu: $([ "$gpu" = 0 ] && echo "$1" || echo "$2")"
     cat "$OUT/gpu$gpu/summary.md" 2>/dev/null || tail -n 40 "$OUT/gpu$gpu/console.log"
 done
+# The device tool returns at most 8 files from $OUT: everything travels in one archive.
+(cd "$OUT" && tar czf pair.tgz gpu0 gpu1 && rm -rf gpu0 gpu1)
 exit $status

@@ -14,7 +14,10 @@ prompts, fixed output lengths) as streaming ``/v1/completions``:
   still answers.
 
 The server is either started here, in this process, for each ``--milestone`` (``m09``, later ``m10``: one
-GPU call measures them side by side), or reached at ``--url`` (any OpenAI-compatible server). In-process,
+GPU call measures them side by side), or reached at ``--url`` (any OpenAI-compatible server). The clients
+run in a process of their own (``--clients process``, the default): Python threads share one lock (the
+GIL), and clients parsing thousands of SSE chunks a second in the server's process would take their time
+from the server's event loop and engine thread, so the benchmark would measure itself. In-process,
 ``--offline-reference`` first runs the same requests through the same engine's ``generate``: the ratio of
 the burst's output tokens/s to it is what the server costs at saturation. (Each run sends its own variant of
 the prompts, same shapes, other token ids, so that none is served from another's prefix cache.)
@@ -152,16 +155,47 @@ def engine_metrics(values: dict[str, float]) -> dict:
     return {key.removeprefix("nanoserve_"): values.get(key) for key in keys}
 
 
+def _load(url: str, model: str | None, requests: list, rate: float, **kwargs) -> tuple[list, float]:
+    """One load run (``load_client.run_load``), wherever it is called: a top-level function, so a worker
+    process can run it."""
+    from milestones.m09_server.load_client import run_load
+
+    return asyncio.run(run_load(url, model, requests, rate, **kwargs))
+
+
+class LoadClients:
+    """Where the clients run: in a worker process of their own (``"process"``) or in this one (``"thread"``)."""
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+        self._pool = None
+        if where == "process":
+            import concurrent.futures
+            import multiprocessing
+
+            # spawn, not fork: this process holds CUDA and running threads, which a fork must not copy
+            self._pool = concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+
+    def run(self, url: str, model: str | None, requests: list, rate: float, **kwargs) -> tuple[list, float]:
+        if self._pool is None:
+            return _load(url, model, requests, rate, **kwargs)
+        return self._pool.submit(_load, url, model, requests, rate, **kwargs).result()
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown()
+
+
 def rate_runs(url: str, model: str | None, specs: list[RequestSpec], rates: list[float], seed: int,
-              progress: bool) -> list:
+              progress: bool, clients: LoadClients | None = None) -> list:
     """One run per rate, run i sending prompt variant i + 1 (variant 0 is the offline reference's)."""
-    from milestones.m09_server.load_client import run_load, summarize
+    from milestones.m09_server.load_client import summarize
 
     runs = []
     for i, rate in enumerate(rates):
         label = "burst" if math.isinf(rate) else f"{rate:g}/s"
-        results, wall = asyncio.run(run_load(url, model, requests_of(specs, i + 1), rate, seed=seed + i,
-                                             progress=progress, desc=f"rate {label}"))
+        results, wall = (clients or LoadClients("thread")).run(url, model, requests_of(specs, i + 1), rate,
+                                                               seed=seed + i, progress=progress, desc=f"rate {label}")
         summary = summarize(results, wall)
         runs.append({"rate": "inf" if math.isinf(rate) else rate, "summary": summary,
                      "server_after": engine_metrics(scrape_metrics(url))})
@@ -172,14 +206,32 @@ def rate_runs(url: str, model: str | None, specs: list[RequestSpec], rates: list
     return runs
 
 
-def reliability_run(url: str, model: str | None, requests: list, disconnect_fraction: float, seed: int,
-                    progress: bool, idle_timeout_s: float = 120.0) -> dict:
-    """All requests at once, some clients hanging up; then: are the blocks back, does the server answer?"""
-    from milestones.m09_server.load_client import run_load, stream_completion, summarize
+TTFT_P99_TARGETS_S = (0.25, 0.5, 1.0, 2.0)
 
-    results, wall = asyncio.run(run_load(url, model, requests, math.inf, seed=seed,
-                                         disconnect_fraction=disconnect_fraction, progress=progress,
-                                         desc="reliability"))
+
+def throughput_at_ttft_targets(runs: list[dict]) -> dict[str, dict | None]:
+    """For each p99 TTFT target: the run with the most output tokens/s that met it (None if none did).
+
+    A server is compared with another "at the same latency target": the load it sustains while its p99
+    time to first token stays under the target, not its raw burst throughput."""
+    best = {}
+    for target in TTFT_P99_TARGETS_S:
+        ok = [r for r in runs if r["summary"]["ttft_p99_s"] is not None and r["summary"]["ttft_p99_s"] <= target]
+        top = max(ok, key=lambda r: r["summary"]["output_tokens_per_s"] or 0, default=None)
+        best[f"{target:g}"] = None if top is None else {
+            "rate": top["rate"], "output_tokens_per_s": top["summary"]["output_tokens_per_s"],
+            "ttft_p99_s": top["summary"]["ttft_p99_s"]}
+    return best
+
+
+def reliability_run(url: str, model: str | None, requests: list, disconnect_fraction: float, seed: int,
+                    progress: bool, clients: LoadClients | None = None, idle_timeout_s: float = 120.0) -> dict:
+    """All requests at once, some clients hanging up; then: are the blocks back, does the server answer?"""
+    from milestones.m09_server.load_client import stream_completion, summarize
+
+    results, wall = (clients or LoadClients("thread")).run(
+        url, model, requests, math.inf, seed=seed, disconnect_fraction=disconnect_fraction, progress=progress,
+        desc="reliability")
     summary = summarize(results, wall)
     start, after = time.perf_counter(), {}
     while time.perf_counter() - start < idle_timeout_s:  # aborts reach the engine between steps
@@ -239,8 +291,11 @@ def run_target(args: argparse.Namespace, parser: argparse.ArgumentParser, milest
               "mode": "reliability" if args.reliability else "rates",
               "milestone": None, "url": args.url, "model": args.model, "workload": workload,
               "max_tokens_cap": args.max_tokens, "prompt_variants": VARIANTS_NOTE, "engine_config": None,
+              "clients": {"process": "a worker process of their own",
+                          "thread": "this process, beside the server"}[args.clients],
               "offline_reference": None}
     server = engine = None
+    clients = LoadClients(args.clients)
     try:
         if milestone is not None:
             from milestones.m09_server.app import build_app
@@ -265,15 +320,17 @@ def run_target(args: argparse.Namespace, parser: argparse.ArgumentParser, milest
         asyncio.run(_warm_up(url, model))
         if args.reliability:
             result["reliability"] = reliability_run(url, model, requests_of(specs, 0), args.disconnect_fraction,
-                                                    args.load_seed, not args.no_progress)
+                                                    args.load_seed, not args.no_progress, clients)
         else:
-            result["runs"] = rate_runs(url, model, specs, args.rates, args.load_seed, not args.no_progress)
+            result["runs"] = rate_runs(url, model, specs, args.rates, args.load_seed, not args.no_progress, clients)
+            result["throughput_at_ttft_p99_target"] = throughput_at_ttft_targets(result["runs"])
             burst = [r for r in result["runs"] if r["rate"] == "inf"]
             if burst and result["offline_reference"]:
                 result["burst_vs_offline"] = (burst[0]["summary"]["output_tokens_per_s"]
                                               / result["offline_reference"]["output_tokens_per_s"])
                 print(f"burst / offline output tok/s: {result['burst_vs_offline']:.2f}", flush=True)
     finally:
+        clients.close()
         if server is not None:
             server.stop()
         del engine, server
@@ -337,6 +394,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--num-requests", type=int, default=512, help="reliability: concurrent streams")
     parser.add_argument("--disconnect-fraction", type=float, default=0.1, help="reliability: share that hangs up")
     parser.add_argument("--load-seed", type=int, default=0, help="seeds arrival times and which clients hang up")
+    parser.add_argument("--clients", choices=("process", "thread"), default="process",
+                        help="run the load clients in a worker process, or in this one beside the server")
     parser.add_argument("--out-dir", type=Path, default=REPO_ROOT / "benchmarks" / "results")
     parser.add_argument("--no-save", action="store_true")
     parser.add_argument("--no-progress", action="store_true")

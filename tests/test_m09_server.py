@@ -496,4 +496,9 @@ def test_online_benchmark_serves_a_milestone_and_writes_json(tmp_path, tokenizer
         assert summary["ttft_p50_s"] <= summary["ttft_p99_s"] and summary["itl_p50_s"] > 0
         assert run["server_after"]["kv_cache_blocks_free"] == run["server_after"]["kv_cache_blocks_total"]
     assert saved["offline_reference"]["output_tokens"] == 12 and saved["burst_vs_offline"] > 0
+    assert saved["clients"] == "a worker process of their own"
+    best = saved["throughput_at_ttft_p99_target"]
+    assert set(best) == {"0.25", "0.5", "1", "2"}
+    for met in filter(None, best.values()):
+        assert met["ttft_p99_s"] <= 2 and met["output_tokens_per_s"] > 0
     assert result["runs"][0]["summary"] == saved["runs"][0]["summary"]

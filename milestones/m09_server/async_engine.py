@@ -91,6 +91,11 @@ class RequestStream:
 
     The iteration ends after the output that carries a ``finish_reason``; an engine failure raises
     ``EngineError`` instead. Created on the event loop; only the event loop touches ``queue``.
+
+    ``batches()`` yields lists instead: every output that is waiting when the consumer comes back for more.
+    A consumer that keeps up gets one output per list; one that falls behind (a busy event loop, a slow
+    client) catches up in one go instead of paying its per-output cost (an SSE chunk, a socket write) for
+    each. vLLM's ``AsyncLLM`` merges a lagging request's outputs the same way. The engine never waits.
     """
 
     def __init__(self) -> None:
@@ -102,14 +107,28 @@ class RequestStream:
         return self._outputs()
 
     async def _outputs(self):
+        async for batch in self.batches():
+            for output in batch:
+                yield output
+
+    async def batches(self):
         while not self.finished:
-            item = await self.queue.get()
-            if isinstance(item, BaseException):
+            batch = [await self.queue.get()]
+            while not self.queue.empty() and not self._ends(batch[-1]):
+                batch.append(self.queue.get_nowait())
+            if isinstance(batch[-1], BaseException):
+                error = batch.pop()
+                if batch:  # the tokens that came before the failure still go out first
+                    yield batch
                 self.finished = True
-                raise item
-            if item.finish_reason is not None:
+                raise error
+            if batch[-1].finish_reason is not None:
                 self.finished = True
-            yield item
+            yield batch
+
+    @staticmethod
+    def _ends(item) -> bool:
+        return isinstance(item, BaseException) or item.finish_reason is not None
 
 
 class AsyncLLMEngine:

@@ -13,7 +13,9 @@
 
 A streamed answer is one SSE chunk per engine step that gave the request a token, so a client can time
 every token; a chunk's text may be empty while the detokenizer holds back an incomplete character or a
-possible stop string. The first chunk's latency is the time to first token, queueing included.
+possible stop string. The first chunk's latency is the time to first token, queueing included. When the
+event loop falls behind the engine (several steps' outputs waiting for one request), they go out as one
+chunk carrying several tokens, as vLLM does: under load the server catches up instead of slowing the engine.
 """
 
 from __future__ import annotations
@@ -72,20 +74,26 @@ class Generation:
         self.status: str | None = None  # how it ended: stop, length, abort, error
 
     async def deltas(self) -> AsyncIterator[Delta]:
+        """One delta per batch of outputs (see ``RequestStream.batches``): one per token while we keep up."""
         try:
-            async for output in self.stream:
-                self.token_times.append(time.perf_counter())
-                finish = output.finish_reason
-                text = self.detokenizer.update(output.token_ids, finished=finish is not None)
-                if self.detokenizer.stopped and finish is None:  # a stop string: the engine does not know it
-                    self.async_engine.abort(self.stream)
-                    finish = "stop"
-                new_ids = output.token_ids[self.completion_tokens:]
-                self.completion_tokens = len(output.token_ids)
-                self.cached_tokens = getattr(output, "num_cached_tokens", 0) or 0  # m06 on
+            async for batch in self.stream.batches():
+                now = time.perf_counter()
+                pieces, new_ids, finish = [], [], None
+                for output in batch:  # each output on its own, so a stop string ends at its exact token
+                    self.token_times.append(now)
+                    finish = output.finish_reason
+                    pieces.append(self.detokenizer.update(output.token_ids, finished=finish is not None))
+                    if self.detokenizer.stopped and finish is None:  # a stop string: the engine does not know it
+                        self.async_engine.abort(self.stream)
+                        finish = "stop"
+                    new_ids += output.token_ids[self.completion_tokens:]
+                    self.completion_tokens = len(output.token_ids)
+                    self.cached_tokens = getattr(output, "num_cached_tokens", 0) or 0  # m06 on
+                    if finish is not None:
+                        break
                 if finish is not None:
                     self.status = finish if finish in ("stop", "length") else "abort"
-                yield Delta(text, new_ids, finish)
+                yield Delta("".join(pieces), new_ids, finish)
                 if finish is not None:
                     return
         except EngineClosed:
