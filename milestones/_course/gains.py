@@ -10,8 +10,9 @@ result file holds it.
 
 A result may carry interleaved repeats of the same run (``repeats``: a list of runs, each a result-shaped dict
 or just its ``metrics``; or ``spread``: ``{metric: {"min": .., "max": ..}}``). Then the figure is the median
-with its min-max. When both sides have the same number of repeats and the same commit they were interleaved
-in one call (A, B, A, B, ...), so the ratio is taken pair by pair and its median and range are reported.
+with its min-max. When both sides have the same number of repeats, the same commit and the same comparison
+(``comparison.id``) they were interleaved in one call (A, B, A, B, ...), so the ratio is taken pair by pair and
+its median and range are reported.
 Every line says how its two sides were measured (``provenance``): interleaved repeats, single runs, runs of
 different calls (named by commit), or of a call earlier than the suite calls recorded in ``calls/*.json``.
 """
@@ -72,10 +73,16 @@ FIGURES: dict[str, tuple[Figure, ...]] = {
     "m04": (Figure("m03_offline", "m04_offline", "output_tokens_per_s", TOKS, "offline",
                    note="about as many steps as m03, each with more host work, all bound by eager kernel launches"),
             Figure("m03_offline", "m04_offline", "ttft_p50_s", "TTFT p50", "offline", lower_is_better=True),
-            Figure("m03_skewed", "m04_skewed", "output_tokens_per_s", TOKS, "skewed (one request in 8 long)")),
+            Figure("m03_skewed", "m04_skewed", "output_tokens_per_s", TOKS, "skewed (one request in 8 long)"),
+            Figure("m03_nanovllm", "m04_nanovllm", "output_tokens_per_s", TOKS, "nanovllm (exact, 256 requests)",
+                   note="uniform random lengths: m03's padding waste is moderate there")),
     "m05": (Figure("m04_memory-bound", "m05_memory-bound", "output_tokens_per_s", TOKS, "memory-bound"),
             Figure("m04_memory-bound", "m05_memory-bound", "running_mean_while_waiting",
-                   "requests in the batch while others wait", "memory-bound")),
+                   "requests in the batch while others wait", "memory-bound"),
+            Figure("m04_nanovllm+beside-m05", "m05_nanovllm", "output_tokens_per_s", TOKS,
+                   "nanovllm (all 256 in flight)",
+                   note="slower: the same steps, each with block-table metadata and a gather, and all 256 "
+                        "prompts prefilled in one step (no token budget until m07)")),
     "m06": (Figure("m05_prefix", "m06_prefix", "ttft_p50_s", "TTFT p50", "prefix", lower_is_better=True),
             Figure("m05_prefix", "m06_prefix", "prompt_tokens_computed", "prompt tokens computed", "prefix",
                    lower_is_better=True, fewer=True),
@@ -88,18 +95,27 @@ FIGURES: dict[str, tuple[Figure, ...]] = {
                    "TTFT p50 of the long prompts", "chunked-long, budget 512", lower_is_better=True,
                    section="groups.long_prompt", versus="m07 with no budget",
                    note="the price: each long prompt now takes many steps")),
-    "m08": (Figure("m07_nanovllm", "m08_nanovllm", "output_tokens_per_s", TOKS, "nanovllm"),),
+    "m08": (Figure("m07_nanovllm", "m08_nanovllm", "output_tokens_per_s", TOKS, "nanovllm"),
+            Figure("m07_offline", "m08_offline", "output_tokens_per_s", TOKS, "offline (64 in flight)",
+                   note="short contexts: less K/V to gather, so less to gain")),
     "m09": (Figure("online/online_m09_offline", "online/online_m09_offline", "output_tokens_per_s", TOKS,
                    "offline, streamed over HTTP all at once (burst)", section="runs:inf",
                    old_section="offline_reference", versus="the same engine's offline generate",
-                   note="not a gain over m08: what serving costs while clients, event loop and engine thread "
-                        "share one Python process"),),
+                   note="not a gain over m08: what serving costs (event loop and engine thread share one "
+                        "Python process; the clients run in another)"),
+            Figure("online/online_m09_nanovllm", "online/online_m09_nanovllm", "output_tokens_per_s", TOKS,
+                   "nanovllm, streamed over HTTP all at once (burst)", section="runs:inf",
+                   old_section="offline_reference", versus="the same engine's offline generate",
+                   note="at 6,000 tok/s the server's per-token Python is the ceiling")),
     "m10": (Figure("m09_offline", "m10_offline", "output_tokens_per_s", TOKS, "offline"),
             Figure("hf-compiled_offline", "m10_offline", "output_tokens_per_s", TOKS, "offline",
                    versus="hf-compiled",
                    note="hf-compiled: transformers' generate with a static cache and torch.compile, warmed up"),
-            Figure("m08_nanovllm", "m10_nanovllm", "output_tokens_per_s", TOKS, "nanovllm", versus="m08",
-                   note="m09 serves m08's engine and was not run on nanovllm")),
+            Figure("m09_nanovllm", "m10_nanovllm", "output_tokens_per_s", TOKS, "nanovllm"),
+            Figure("m09_memory-bound", "m10_memory-bound", "output_tokens_per_s", TOKS, "memory-bound"),
+            Figure("online/online_m09_offline", "online/online_m10_offline", "output_tokens_per_s", TOKS,
+                   "offline, served over HTTP, all at once (burst)", section="runs:inf", versus="m09's server",
+                   note="at a p99 TTFT target of 0.25-1 s: 1,951 vs 814 tok/s (2.40x)")),
 }
 
 
@@ -222,7 +238,8 @@ def compare(figure: Figure, results_dir: Path = RESULTS_DIR) -> Gain | Pending:
             return Pending(figure, f"no ratio: {figure.metric} is 0 in {name}.json")
         measurements.append(measurement)
     old, new = measurements
-    interleaved = len(old.values) == len(new.values) > 1 and _commit(old.result) == _commit(new.result)
+    interleaved = (len(old.values) == len(new.values) > 1 and _commit(old.result) == _commit(new.result)
+                   and _comparison(old.result) == _comparison(new.result))
     if interleaved:  # repeats of one call, A, B, A, B, ...: compare pair by pair
         ratios = [_better(a, b, figure.lower_is_better) for a, b in zip(old.values, new.values)]
         ratio, low, high = statistics.median(ratios), min(ratios), max(ratios)
@@ -238,6 +255,15 @@ def _commit(result: dict) -> str | None:
     """The result's git commit, short (suite records write it in full or short)."""
     commit = (result.get("env") or {}).get("git_commit")
     return commit[:7] if isinstance(commit, str) and commit else None
+
+
+def _comparison(result: dict) -> str | None:
+    """The interleaved comparison a result was measured in (``comparison.id``, e.g. ``nanovllm:m03/m04``).
+
+    Two results of one commit were interleaved only if they share it: a two-GPU call runs two comparisons
+    side by side, one per GPU, and a ratio must not pair repeats from different GPUs."""
+    comparison = result.get("comparison")
+    return comparison.get("id") if isinstance(comparison, dict) else None
 
 
 def first_suite_call(results_dir: Path = RESULTS_DIR) -> str | None:
