@@ -324,7 +324,8 @@ def unpack(path: Path, out: Path) -> None:
     if slug_dir is not None and suite and suite.get("started"):
         stamp = suite["started"].replace(":", "").replace("-", "").split("+")[0]
         # two suite processes of one call (one per GPU) start in the same second: the sets tell them apart
-        call = slug_dir / "calls" / f"{stamp}_{'+'.join(suite.get('sets') or [])}.json"
+        sets = "+".join(suite.get("sets") or [])
+        call = slug_dir / "calls" / (f"{stamp}_{sets}.json" if sets else f"{stamp}.json")
         call.parent.mkdir(parents=True, exist_ok=True)
         envs = [r["env"] for r in results if r.get("env")]
         record = {"suite": suite, "git_commit": envs[0].get("git_commit") if envs else None,

@@ -653,12 +653,14 @@ def test_unpack_writes_runs_and_the_call_record(tmp_path):
              "requests": [{"index": 0, "verdict": "near-tie", "first_divergence": 3, "logit_gap_ours": 2e-5,
                            "logit_gap_top2": 1e-5}]}]
     suite = tmp_path / "suite.json"
-    suite.write_text(json.dumps({"suite": {"started": "2026-11-30T05:00:00+00:00"}, "gate": gate, "results": results
+    suite.write_text(json.dumps({"suite": {"started": "2026-11-30T05:00:00+00:00", "sets": ["pair-a-gpu0"]},
+                                 "gate": gate, "results": results
                                  + [{"name": "m05_offline", "status": "skipped", "error": "not written yet"}]}))
     gpu_suite.unpack(suite, tmp_path / "results")
     folder = tmp_path / "results" / "h200"
     assert sorted(p.name for p in folder.glob("*.json")) == ["m03_offline.json", "m04_offline.json"]
-    call = json.loads((folder / "calls" / "20261130T050000.json").read_text())
+    # named by start time and sets: the two processes of a two-GPU call start in the same second
+    call = json.loads((folder / "calls" / "20261130T050000_pair-a-gpu0.json").read_text())
     assert call["gate"] == gate
     [ratio] = call["comparisons"][0]["ratios"]
     assert (ratio["numerator"], ratio["median"], ratio["min"], ratio["max"]) == ("m04", 1.5, 1.0, 2.0)
