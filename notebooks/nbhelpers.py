@@ -13,6 +13,9 @@ Kept out of ``milestones/`` and ``benchmarks/`` on purpose: nothing here is part
   a single run gives its one value. ``yerr(points)`` turns (median, min, max) triples into matplotlib's
   error bars. ``ratio_range(a, b, key)``: the ratio a / b round by round (repeat k of each ran side by side),
   as (median, min, max): how the suite reports a comparison.
+* ``call_ratio(call, comparison, numerator, denominator)``: the same (median, min, max) as a GPU call's record
+  (``benchmarks/results/<gpu>/calls/<call>.json``) holds it: the only copy once a later call has rewritten the
+  members' result files.
 * ``save_figure(fig, name)``: writes ``docs/images/<name>`` for the docs to embed, but only when a maintainer
   asks for it with ``NANOSERVE_SAVE_FIGURES=1``: a reader running a notebook never rewrites a committed file.
   Only figures drawn from committed results (or from counts that are the same on every machine) are saved;
@@ -76,6 +79,20 @@ def ratio_range(numerator: dict, denominator: dict, key: str) -> tuple[float, fl
     interleaved comparison: their repeat k ran in the same round)."""
     ratios = sorted(a / b for a, b in zip(repeat_values(numerator, key), repeat_values(denominator, key), strict=True))
     return statistics.median(ratios), ratios[0], ratios[-1]
+
+
+def call_ratio(call: str, comparison: str, numerator: str, denominator: str,
+               metric: str = "metrics.output_tokens_per_s", gpu: str = "h200") -> tuple[float, float, float]:
+    """(median, min, max) of ``numerator`` / ``denominator`` over the interleaved rounds of ``comparison``
+    (``"nanovllm:m04/m05/m06"``) in the record of ``call`` (``"20261130T074303_pair-a-gpu0"``)."""
+    record = load_result(f"calls/{call}", gpu)
+    for entry in record["comparisons"]:
+        if entry["id"] != comparison:
+            continue
+        for ratio in entry["ratios"]:
+            if (ratio["numerator"], ratio["denominator"], ratio["metric"]) == (numerator, denominator, metric):
+                return ratio["median"], ratio["min"], ratio["max"]
+    raise KeyError(f"calls/{call}.json has no {numerator} / {denominator} ({metric}) in comparison {comparison!r}")
 
 
 def yerr(points: list[tuple[float, float, float]]) -> list[list[float]]:

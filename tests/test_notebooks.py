@@ -145,3 +145,18 @@ def test_ratio_range_pairs_runs_of_the_same_round(nbhelpers):
     assert nbhelpers.ratio_range(a, b, "metrics.tps") == (3.0, 2.0, 4.0)
     with pytest.raises(ValueError):
         nbhelpers.ratio_range(a, {"repeats": b["repeats"][:2]}, "metrics.tps")
+
+
+def test_call_ratio_reads_a_call_record(nbhelpers, tmp_path):
+    calls = tmp_path / "benchmarks" / "results" / "h200" / "calls"
+    calls.mkdir(parents=True)
+    ratio = {"numerator": "m05", "denominator": "m04", "metric": "metrics.output_tokens_per_s",
+             "median": 0.92, "min": 0.9, "max": 1.01, "n": 3}
+    other = {**ratio, "metric": "metrics.running_mean", "median": 2.0, "min": 2.0, "max": 2.0}
+    (calls / "c1.json").write_text(json.dumps({"comparisons": [
+        {"id": "offline:m04/m05", "ratios": [{**ratio, "median": 0.5}]},
+        {"id": "nanovllm:m04/m05", "ratios": [other, ratio]}]}))
+    assert nbhelpers.call_ratio("c1", "nanovllm:m04/m05", "m05", "m04") == (0.92, 0.9, 1.01)
+    assert nbhelpers.call_ratio("c1", "nanovllm:m04/m05", "m05", "m04", "metrics.running_mean") == (2.0, 2.0, 2.0)
+    with pytest.raises(KeyError, match="m04 / m05"):
+        nbhelpers.call_ratio("c1", "nanovllm:m04/m05", "m04", "m05")
