@@ -81,8 +81,8 @@ FIGURES: dict[str, tuple[Figure, ...]] = {
                    "requests in the batch while others wait", "memory-bound"),
             Figure("m04_nanovllm+beside-m05", "m05_nanovllm", "output_tokens_per_s", TOKS,
                    "nanovllm (all 256 in flight)",
-                   note="slower: the same steps, each with block-table metadata and a gather, and all 256 "
-                        "prompts prefilled in one step (no token budget until m07)")),
+                   note="slower: the same steps, each with block-table metadata and a gather; and admission "
+                        "runs 19 prefill-only steps in a row (decodes join them only in m07)")),
     "m06": (Figure("m05_prefix", "m06_prefix", "ttft_p50_s", "TTFT p50", "prefix", lower_is_better=True),
             Figure("m05_prefix", "m06_prefix", "prompt_tokens_computed", "prompt tokens computed", "prefix",
                    lower_is_better=True, fewer=True),
