@@ -2,7 +2,8 @@
 # The server's GPU call (issues 10 and 11): m09 and m10 served one after the other, clients in a process of
 # their own, on `offline` (Poisson rates up to a burst, beside the same engine's offline generate) and on the
 # exact `nanovllm` (a burst of all 256), then the reliability run (512 streams, 10% hanging up) on each.
-# Needs fastapi/uvicorn wheels in .whl (see docs/benchmarks.md). Results: $OUT/online/<gpu>/*.json.
+# The machine lacks fastapi, uvicorn and the tokenizer: install the carried wheels first (docs/benchmarks.md:
+# pip install --target /tmp/site .whl/*.whl; export PYTHONPATH=/tmp/site). Results: $OUT/online/<gpu>/*.json.
 #   OUT=/some/dir bash benchmarks/gpu_online.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."

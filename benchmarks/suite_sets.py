@@ -262,9 +262,9 @@ SETS: dict[str, list[Entry]] = {
         Run("hf-static", "nanovllm", 55, max_requests=64),
         Run("hf-cb", "nanovllm", 70, max_requests=64),
     ],
-    # The transformers peers on the exact nanovllm (issue 11): hf-static on all 256 requests (~190 s: static
-    # batches of 64, each as long as its longest request); hf-compiled, which compiles per batch shape, on the
-    # first 64 (one batch).
+    # The transformers peers on the exact nanovllm (issue 11): hf-static on all 256 requests (~190 s: one static
+    # batch of 256, the workload's max_num_seqs, as long as its longest request); hf-compiled, which compiles
+    # per batch shape, on the first 64 (one batch).
     "pair-c-gpu0": [Run("hf-compiled", "nanovllm", 150, max_requests=64)],
     "pair-c-gpu1": [Run("hf-static", "nanovllm", 200)],
 }

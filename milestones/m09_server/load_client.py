@@ -4,7 +4,8 @@ The demo and ``benchmarks/online.py`` drive servers with it (ours, or any OpenAI
 request is timed from the moment it is sent:
 
 * **TTFT**: until the first chunk that carries a choice (queueing at the server included);
-* **inter-token latency**: the gaps between consecutive such chunks (our server sends one per token);
+* **inter-token latency**: the gaps between consecutive such chunks (our server sends one per engine step
+  while it keeps up; a stream that fell behind gets its waiting tokens in one chunk);
 * **end to end**: until the stream's ``[DONE]``.
 
 Arrivals follow a Poisson process at ``rate`` requests/s (exponential gaps, seeded), or all at once when
