@@ -8,6 +8,8 @@
 * ``SYSTEM``, ``CHATS``: prompts that share a system prompt (their references are cached across files).
 * ``drain``, ``StepRecorder``, ``poison``, ``assert_blocks_all_free``: drive the step API, record what the
   scheduler chose each step, fill the K/V pool with NaN, and check that every block came back.
+* ``generate_exactly``: all of it at once: poisoned K/V, a recorded ``generate``, every request's tokens equal
+  to transformers' and every step fed what was scheduled.
 """
 
 from __future__ import annotations
@@ -134,3 +136,16 @@ def assert_blocks_all_free(engine) -> None:
     assert manager.block_tables == {}
     assert manager.num_free_blocks == manager.num_blocks and manager.num_used_blocks == 0
     assert all(block.ref_count == 0 for block in manager.blocks)
+
+
+def generate_exactly(engine, model, prompts: list[list[int]], max_tokens: int | list[int]):
+    """``engine.generate`` on a NaN-poisoned pool, recorded step by step; asserts that every request's tokens are
+    transformers' (``model``'s) and that each step fed the tokens it scheduled. Returns (outputs, recorder)."""
+    lengths = max_tokens if isinstance(max_tokens, list) else [max_tokens] * len(prompts)
+    poison(engine)  # freed blocks are handed out again: a stale or unwritten slot read would show
+    with StepRecorder(engine) as recorder:
+        outputs = engine.generate(prompts, [greedy(n) for n in lengths], use_tqdm=False)
+    for prompt, n, out in zip(prompts, lengths, outputs):
+        assert out.token_ids == reference(model, prompt, n)
+    recorder.assert_fed_as_scheduled({o.request_id: o.prompt_token_ids + o.token_ids for o in outputs})
+    return outputs, recorder

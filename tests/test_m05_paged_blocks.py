@@ -10,7 +10,8 @@ import pytest
 
 from conftest import GREEDY_MAX_TOKENS, mixed_length_prompts, random_prompts
 from milestones.m01_naive_loop import SamplingParams
-from paged_helpers import StepRecorder, assert_blocks_all_free, drain, greedy, make_engine, poison, reference
+from paged_helpers import (StepRecorder, assert_blocks_all_free, drain, generate_exactly, greedy, make_engine, poison,
+                           reference)
 
 M05 = "m05_paged_blocks"
 GREEDY = SamplingParams(max_tokens=GREEDY_MAX_TOKENS, ignore_eos=True)
@@ -69,12 +70,7 @@ def test_preempted_again_and_again_tokens_stay_exact(engine_on, tied_checkpoint)
     prompts = [p[:6] for p in PROMPTS]
     lengths = [16, 14, 12, 10, 8, 6, 4, 2]
     engine = engine_on(max_num_seqs=8, block_size=1, kv_cache_tokens=24)
-    poison(engine)  # freed blocks are handed out again: a stale or unwritten slot read would show
-    with StepRecorder(engine) as recorder:
-        outputs = engine.generate(prompts, [greedy(n) for n in lengths], use_tqdm=False)
-    for prompt, n, out in zip(prompts, lengths, outputs):
-        assert out.token_ids == reference(tied_checkpoint[1], prompt, n)
-    recorder.assert_fed_as_scheduled({o.request_id: o.prompt_token_ids + o.token_ids for o in outputs})
+    outputs, recorder = generate_exactly(engine, tied_checkpoint[1], prompts, lengths)
     stats = engine.stats
     preempted = Counter(request_id for step in recorder.steps for request_id in step.preempted)
     assert stats.num_preemptions == sum(preempted.values()) >= len(prompts)

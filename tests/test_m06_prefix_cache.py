@@ -8,8 +8,8 @@ import pytest
 
 from conftest import random_prompts
 from milestones.m06_prefix_cache.block_manager import PrefixCachingBlockManager
-from paged_helpers import (CHATS, SYSTEM, StepRecorder, assert_blocks_all_free, drain, greedy, make_engine, poison,
-                           reference)
+from paged_helpers import (CHATS, SYSTEM, StepRecorder, assert_blocks_all_free, drain, generate_exactly, greedy,
+                           make_engine, reference)
 
 M06 = "m06_prefix_cache"
 SUFFIXES = [chat[len(SYSTEM):] for chat in CHATS]
@@ -24,12 +24,7 @@ def engine_on(tied_checkpoint, tokenizer_cache):
 
 def test_a_shared_system_prompt_is_computed_once_and_tokens_stay_exact(engine_on, tied_checkpoint):
     engine = engine_on(max_num_seqs=4, block_size=4, kv_cache_tokens=256)
-    poison(engine)
-    with StepRecorder(engine) as recorder:
-        outputs = engine.generate(CHATS, greedy(6), use_tqdm=False)
-    for prompt, out in zip(CHATS, outputs):
-        assert out.token_ids == reference(tied_checkpoint[1], prompt, 6)
-    recorder.assert_fed_as_scheduled({o.request_id: o.prompt_token_ids + o.token_ids for o in outputs})
+    outputs, recorder = generate_exactly(engine, tied_checkpoint[1], CHATS, 6)
     # All four are admitted in the first step; the later ones find the blocks the first one registered in
     # that same step (every layer writes the step's K/V before any of it is read).
     assert len(recorder.steps[0].admitted) == 4
@@ -119,12 +114,7 @@ def test_a_prefix_of_an_earlier_prompt_hits_its_whole_blocks(engine_on, tied_che
 def test_prefix_hits_with_preemption_and_readmission_stay_exact(engine_on, tied_checkpoint):
     # 14 blocks of 4 for four chats that share 6 blocks of system prompt and grow 12 tokens each.
     engine = engine_on(max_num_seqs=4, block_size=4, kv_cache_tokens=56)
-    poison(engine)
-    with StepRecorder(engine) as recorder:
-        outputs = engine.generate(CHATS, greedy(12), use_tqdm=False)
-    for prompt, out in zip(CHATS, outputs):
-        assert out.token_ids == reference(tied_checkpoint[1], prompt, 12)
-    recorder.assert_fed_as_scheduled({o.request_id: o.prompt_token_ids + o.token_ids for o in outputs})
+    outputs, recorder = generate_exactly(engine, tied_checkpoint[1], CHATS, 12)
     preempted = {rid for step in recorder.steps for rid in step.preempted}
     readmitted = {rid for step in recorder.steps for rid in step.admitted if rid in preempted}
     assert engine.stats.num_preemptions >= 2 and readmitted == preempted

@@ -7,7 +7,8 @@ import pytest
 
 from conftest import random_prompts
 from milestones.m01_naive_loop import SamplingParams
-from paged_helpers import CHATS, StepRecorder, assert_blocks_all_free, greedy, make_engine, poison, reference
+from paged_helpers import (CHATS, StepRecorder, assert_blocks_all_free, generate_exactly, greedy, make_engine, poison,
+                           reference)
 
 M07 = "m07_chunked_prefill"
 PROMPTS = random_prompts(4, 40, 40, seed=41)  # 40 tokens each; cut to the lengths a test needs
@@ -114,12 +115,7 @@ def test_aborting_a_prompt_mid_chunk_frees_its_blocks_and_keeps_what_it_computed
 def test_chunking_prefix_hits_and_preemption_together(engine_on, tied_checkpoint):
     budget = 10
     engine = engine_on(max_num_seqs=4, block_size=4, max_num_batched_tokens=budget, kv_cache_tokens=56)
-    poison(engine)
-    with StepRecorder(engine) as recorder:
-        outputs = engine.generate(CHATS, greedy(12), use_tqdm=False)
-    for prompt, out in zip(CHATS, outputs):
-        assert out.token_ids == reference(tied_checkpoint[1], prompt, 12)
-    recorder.assert_fed_as_scheduled({o.request_id: o.prompt_token_ids + o.token_ids for o in outputs})
+    outputs, recorder = generate_exactly(engine, tied_checkpoint[1], CHATS, 12)
     stats = engine.stats
     assert stats.num_preemptions >= 1 and stats.prefix_cache_hit_tokens >= 24
     assert any(0 < start % 4 for step in recorder.steps for _, start, n in step.scheduled if n > 1)
