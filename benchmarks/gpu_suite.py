@@ -306,6 +306,24 @@ def comparison_summaries(results: list[dict]) -> list[dict]:
     return out
 
 
+def replaced_comparison(result: dict, out: Path) -> str | None:
+    """The other comparison of the same commit whose per-run file ``result`` is about to overwrite, if any.
+
+    A two-GPU call can measure one engine on one workload in two comparisons (m04 on nanovllm beside m03 on
+    one GPU and beside m05 on the other): both want the same file, and the second unpack would silently
+    replace the first."""
+    path = result_path(result, out)
+    if not path.is_file() or not isinstance(result.get("comparison"), dict):
+        return None
+    try:
+        old = json.loads(path.read_text())
+    except ValueError:
+        return None
+    commits = [((r.get("env") or {}).get("git_commit") or "")[:7] for r in (old, result)]
+    old_id = (old.get("comparison") or {}).get("id")
+    return old_id if commits[0] == commits[1] and old_id and old_id != result["comparison"]["id"] else None
+
+
 def unpack(path: Path, out: Path) -> None:
     data = json.loads(path.read_text())
     results = data["results"] if isinstance(data, dict) and "results" in data else data
@@ -317,7 +335,11 @@ def unpack(path: Path, out: Path) -> None:
             print(f"{result['name']}: {result.get('status')} ({result.get('error')}), not written")
             continue
         note = attach_git(result, local)
+        replaced = replaced_comparison(result, out)
         written = save_result(result, out)
+        if replaced:
+            print(f"warning: {written.name} held {replaced} of the same call; it now holds "
+                  f"{result['comparison']['id']}. To keep both, save one under a tag (see AGENTS.md)")
         slug_dir = written.parent
         print(f"{result['name']}: {result['status']} -> {written}  [{note}]")
     suite = data.get("suite") if isinstance(data, dict) else None

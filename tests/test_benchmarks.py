@@ -717,3 +717,23 @@ def test_unpack_attaches_the_local_commit_only_to_the_same_code():
     assert same["env"]["git_commit"] == "abc123" and same["env"]["git_dirty"] is False
     assert other["env"]["git_commit"] is None
 
+
+
+def test_unpacking_a_second_comparison_of_one_engine_warns_before_it_replaces_the_file(tmp_path, capsys):
+    """A two-GPU call measured m04 on nanovllm beside m03 (GPU 1) and beside m05 (GPU 0): one file name."""
+    def suite(comparison: str, tps: float) -> Path:
+        result = {"name": "m04_nanovllm", "milestone": "m04", "status": "ok",
+                  "env": {"gpu_slug": "h200", "git_commit": "abc1234"},
+                  "workload": {"name": "nanovllm", "num_requests": 2}, "model": {"dtype": "bfloat16"},
+                  "metrics": {"output_tokens_per_s": tps}, "comparison": {"id": comparison}}
+        path = tmp_path / f"{comparison.replace('/', '-').replace(':', '-')}.json"
+        path.write_text(json.dumps({"results": [result]}))
+        return path
+
+    gpu_suite.unpack(suite("nanovllm:m04/m05/m06", 100.0), tmp_path / "results")
+    assert "warning" not in capsys.readouterr().out
+    gpu_suite.unpack(suite("nanovllm:m03/m04", 110.0), tmp_path / "results")
+    out = capsys.readouterr().out
+    assert "warning: m04_nanovllm.json held nanovllm:m04/m05/m06 of the same call" in out
+    saved = json.loads((tmp_path / "results" / "h200" / "m04_nanovllm.json").read_text())
+    assert saved["comparison"]["id"] == "nanovllm:m03/m04"
