@@ -73,6 +73,17 @@ def build_engine(milestone: str, args: argparse.Namespace, parser: argparse.Argu
         parser.error(str(error))
 
 
+def build_engine_client(milestone: str, args: argparse.Namespace, parser: argparse.ArgumentParser, **defaults):
+    """What the server of ``milestone`` talks to: ``LLMEngine.make_engine_client`` (an engine in a thread of
+    this process up to m10, in a process of its own from m11 on); bad values end the program with one line."""
+    package = importlib.import_module(milestone)
+    config = engine_config(package.EngineConfig, args, parser, **defaults)
+    try:
+        return package.LLMEngine.make_engine_client(config)
+    except ValueError as error:
+        parser.error(str(error))
+
+
 def serve_parser(prog: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description="An OpenAI-compatible server (completions and chat, "
                                      "streaming, /metrics) over this milestone's engine.",
@@ -100,13 +111,12 @@ def serve(argv: list[str] | None = None, milestone: str = "milestones.m09_server
     args = parser.parse_args(argv)
     if args.model_tag is not None:
         args.model = args.model_tag
-    engine = build_engine(milestone, args, parser)
-    app = build_app(engine, args.served_model_name, shutdown_grace_s=0.0)
+    client = build_engine_client(milestone, args, parser)
+    app = build_app(client, args.served_model_name, shutdown_grace_s=0.0)
     name = (args.served_model_name or [args.model])[0]
-    for describe in ("describe_kv_cache", "describe_cuda_graphs"):  # the K/V blocks (m05 on), the graphs (m10)
-        if hasattr(engine, describe):
-            print(getattr(engine, describe)(), flush=True)
-    print(f"serving {engine.milestone} ({args.model!r} on {engine.device}, {engine.dtype}) as {name!r} at "
+    for line in client.describe():
+        print(line, flush=True)
+    print(f"serving {client.milestone} ({args.model!r}) as {name!r} at "
           f"http://{args.host}:{args.port}\ntry:\n{curl_example(f'http://{args.host}:{args.port}', name)}", flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
                 timeout_graceful_shutdown=args.graceful_shutdown_s)

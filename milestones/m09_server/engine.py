@@ -25,6 +25,13 @@ class LLMEngine(TritonKernelEngine):
 
     milestone = "m09_server"
 
+    @classmethod
+    def make_engine_client(cls, config: EngineConfig):
+        """What the server talks to: this engine driven from a thread of the server's own process."""
+        from .async_engine import AsyncLLMEngine
+
+        return AsyncLLMEngine(cls(config))
+
     def output_text(self, request: Request) -> str:
         if not request.is_finished:
             return ""  # the server detokenizes incrementally; token_ids are all there
