@@ -299,11 +299,13 @@ def run_target(args: argparse.Namespace, parser: argparse.ArgumentParser, milest
     try:
         if milestone is not None:
             from milestones.m09_server.app import build_app
-            from milestones.m09_server.cli import build_engine
+            from milestones.m09_server.async_engine import AsyncLLMEngine
+            from milestones.m09_server.cli import build_engine, build_engine_client
             from milestones.m09_server.server_thread import ServerThread
 
             module = milestone_module(milestone)
-            engine = build_engine(module, args, parser, max_num_seqs=workload["max_num_seqs"] or 64)
+            defaults = {"max_num_seqs": workload["max_num_seqs"] or 64}
+            engine = build_engine(module, args, parser, **defaults)  # this process: the offline reference
             result.update(milestone=engine.milestone, engine_config=dataclasses.asdict(engine.config),
                           env=environment(engine.device), max_model_len=engine.max_model_len)
             print(f"{engine.milestone}: {args.model!r} on {engine.device} ({engine.dtype}), "
@@ -312,7 +314,13 @@ def run_target(args: argparse.Namespace, parser: argparse.ArgumentParser, milest
                 result["offline_reference"] = offline_reference(engine, requests_of(specs, 0))
                 print(f"offline generate: {_fmt(result['offline_reference']['output_tokens_per_s'])} output tok/s",
                       flush=True)
-            server = ServerThread(build_app(engine, served_model_name=args.model), graceful_shutdown_s=5.0).start()
+            if engine.serves_in_server_process:  # m09, m10: the server drives this engine from a thread
+                client = AsyncLLMEngine(engine)
+            else:  # m11 on: the server starts an engine of its own in a process of its own; free this one first
+                engine = None
+                free_gpu_memory()
+                client = build_engine_client(module, args, parser, **defaults)
+            server = ServerThread(build_app(client, served_model_name=args.model), graceful_shutdown_s=5.0).start()
             url, model = server.url, args.model
         else:
             result["env"] = environment(None)

@@ -24,6 +24,7 @@ class LLMEngine(TritonKernelEngine):
     """m08's engine; ``step()`` outputs of running requests leave ``text`` empty (see the module docstring)."""
 
     milestone = "m09_server"
+    serves_in_server_process = True  # the server drives this engine from a thread of its own process
 
     @classmethod
     def make_engine_client(cls, config: EngineConfig):

@@ -26,6 +26,7 @@ from .messages import AddRequest, CoreLimits, StepOutput
 
 class LLMEngine(CUDAGraphEngine):
     milestone = "m11_engine_core"
+    serves_in_server_process = False  # served, it runs in the engine core process (``make_engine_client``)
     config: EngineConfig
 
     @classmethod
