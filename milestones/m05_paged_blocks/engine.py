@@ -153,14 +153,24 @@ class LLMEngine(ContinuousBatchingEngine):
 
     def execute(self, out: SchedulerOutput) -> list[Sequence]:
         """Run the step's packed batch through the model and sample where a sequence reached its end."""
-        batch = self.prepare_batch(out)
+        host = self.host_batch(out)
+        logits = self.forward(host)
+        self.advance(out)
+        if host.sampling:
+            self.sample_logits_and_append(logits, host.sampling)
+        return host.sampling
+
+    def forward(self, host: HostBatch) -> torch.Tensor | None:
+        """The model over the step's packed batch: logits of the rows that sample (None if no row does)."""
+        batch = self.device_batch(host)
         hidden = self.model(batch.input_ids, batch.metadata.positions, self.make_attention(batch.metadata))
+        return self.model.compute_logits(hidden[batch.sample_rows]) if host.sampling else None
+
+    def advance(self, out: SchedulerOutput) -> None:
+        """The step's tokens are computed: count them, and move each sequence's ``num_computed_tokens`` on."""
         self.count_tokens(out)
         for item in out.scheduled:
             item.seq.num_computed_tokens += item.num_new_tokens
-        if batch.sampling:
-            self.sample_and_append(hidden[batch.sample_rows], batch.sampling)
-        return batch.sampling
 
     def make_attention(self, metadata: AttentionMetadata):
         return PagedAttention(self.kv_pool, metadata)
@@ -184,8 +194,11 @@ class LLMEngine(ContinuousBatchingEngine):
         return host
 
     def prepare_batch(self, out: SchedulerOutput) -> StepBatch:
-        """Host lists -> device tensors, once per step."""
-        host = self.host_batch(out)
+        """The step's packed inputs on the device, built once per step."""
+        return self.device_batch(self.host_batch(out))
+
+    def device_batch(self, host: HostBatch) -> StepBatch:
+        """Host lists -> device tensors: one copy each."""
         metadata = AttentionMetadata.build(host.query_lens, host.context_lens, host.positions, host.slot_mapping,
                                            self.block_table_array(host.block_tables), self.config.block_size,
                                            self.device)

@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import logging
 
-from milestones.m05_paged_blocks.scheduler import SchedulerOutput
-from milestones.m05_paged_blocks.sequence import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from milestones.m05_paged_blocks.engine import HostBatch
 from milestones.m06_prefix_cache.engine import PrefixCacheStats
 from milestones.m09_server import LLMEngine as ServerEngine
-
-from dataclasses import dataclass
 
 from .config import EngineConfig
 from .graph_runner import CUDAGraphRunner, batch_size_ladder
@@ -46,6 +47,7 @@ class GraphStats(PrefixCacheStats):
 
 class LLMEngine(ServerEngine):
     milestone = "m10_cuda_graphs"
+    graph_runner_class = CUDAGraphRunner
     config: EngineConfig
     stats: GraphStats
 
@@ -56,7 +58,7 @@ class LLMEngine(ServerEngine):
         if self.can_use_cuda_graphs():
             max_batch = self.config.max_cuda_graph_batch_size or self.config.max_num_seqs
             block_size = self.config.block_size
-            self.graph_runner = CUDAGraphRunner(self.model, self.kv_pool, batch_size_ladder(max_batch),
+            self.graph_runner = self.graph_runner_class(self.model, self.kv_pool, batch_size_ladder(max_batch),
                                                 -(-self.max_model_len // block_size), self.max_model_len,
                                                 self.device)
             logger.info(self.describe_cuda_graphs())
@@ -84,20 +86,18 @@ class LLMEngine(ServerEngine):
             stats.cuda_graph_batch_sizes = tuple(runner.ladder)
         return stats
 
-    def is_graph_step(self, out: SchedulerOutput) -> bool:
-        return (self.graph_runner is not None and len(out.scheduled) <= self.graph_runner.ladder[-1]
-                and all(item.num_new_tokens == 1 and item.seq.num_uncomputed_tokens == 1 for item in out.scheduled))
+    def is_graph_step(self, host: HostBatch) -> bool:
+        """Decode-only (one token per sequence, and every sequence samples) and within the ladder."""
+        return (self.graph_runner is not None and len(host.query_lens) <= self.graph_runner.ladder[-1]
+                and len(host.sampling) == len(host.input_ids) == len(host.query_lens))
 
-    def execute(self, out: SchedulerOutput) -> list[Sequence]:
-        if not self.is_graph_step(out):
+    def forward(self, host: HostBatch) -> torch.Tensor | None:
+        if not self.is_graph_step(host):
             self.stats.eager_steps += 1
-            return super().execute(out)
-        host = self.host_batch(out)  # every sequence samples: host.sampling is the whole step, in order
-        logits = self.graph_runner.replay(host.input_ids, host.positions, host.slot_mapping, host.context_lens,
-                                          self.block_table_array(host.block_tables))
-        self.count_tokens(out)
-        for item in out.scheduled:
-            item.seq.num_computed_tokens += 1
-        self.sample_logits_and_append(logits, host.sampling)
+            return super().forward(host)
         self.stats.graph_steps += 1
-        return host.sampling
+        return self.replay_graph(host)  # every sequence samples: the logits are the whole step's, in order
+
+    def replay_graph(self, host: HostBatch) -> torch.Tensor:
+        return self.graph_runner.replay(host.input_ids, host.positions, host.slot_mapping, host.context_lens,
+                                        self.block_table_array(host.block_tables))
