@@ -561,6 +561,8 @@ def test_reliability_run_with_disconnecting_clients(server, engine):
     wait_until_idle(engine)
     requests = [(prompt, 3 + i % 10) for i, prompt in enumerate(random_prompts(24, 2, 20, seed=17))]
     report = reliability_run(server.url, MODEL_NAME, requests, disconnect_fraction=0.25, seed=1, progress=False)
+    # Seed 1 picks five clients to hang up: three before their first chunk (so whatever the timing), two after
+    # five and six chunks (which a lagging stream, several tokens to a chunk, may never send them).
     assert report["disconnected"] >= 3 and report["server_errors"] == 0
     assert report["completed_full_length"] == 24 - report["disconnected"]
     assert report["kv_blocks_free_after"] == report["kv_blocks_total"] > 0
@@ -580,7 +582,9 @@ def test_online_benchmark_serves_a_milestone_and_writes_json(tmp_path, tokenizer
     for run in saved["runs"]:
         summary = run["summary"]
         assert summary["completed_full_length"] == 4 and summary["output_tokens"] == 12 and summary["errors"] == 0
-        assert summary["ttft_p50_s"] <= summary["ttft_p99_s"] and summary["itl_p50_s"] > 0
+        assert 0 < summary["ttft_p50_s"] <= summary["ttft_p99_s"]
+        # Gaps between chunks; a stream that lagged got its tokens in fewer chunks (maybe one: no gap at all).
+        assert summary["itl_p50_s"] is None or summary["itl_p50_s"] > 0
         assert run["server_after"]["kv_cache_blocks_free"] == run["server_after"]["kv_cache_blocks_total"]
     assert saved["offline_reference"]["output_tokens"] == 12 and saved["burst_vs_offline"] > 0
     assert saved["clients"] == "a worker process of their own"
