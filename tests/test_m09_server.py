@@ -561,8 +561,8 @@ def test_reliability_run_with_disconnecting_clients(server, engine):
     wait_until_idle(engine)
     requests = [(prompt, 3 + i % 10) for i, prompt in enumerate(random_prompts(24, 2, 20, seed=17))]
     report = reliability_run(server.url, MODEL_NAME, requests, disconnect_fraction=0.25, seed=1, progress=False)
-    # Seed 1 picks five clients to hang up: three before their first chunk (so whatever the timing), two after
-    # five and six chunks (which a lagging stream, several tokens to a chunk, may never send them).
+    # Seed 1 picks five clients to hang up: three before their first chunk, whatever the timing; two after 5 and
+    # 6 chunks, which a lagging stream (several tokens to a chunk) may never reach.
     assert report["disconnected"] >= 3 and report["server_errors"] == 0
     assert report["completed_full_length"] == 24 - report["disconnected"]
     assert report["kv_blocks_free_after"] == report["kv_blocks_total"] > 0
