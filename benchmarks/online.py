@@ -155,6 +155,21 @@ def engine_metrics(values: dict[str, float]) -> dict:
     return {key.removeprefix("nanoserve_"): values.get(key) for key in keys}
 
 
+def settled_engine_metrics(url: str, timeout_s: float = 120.0) -> dict:
+    """``engine_metrics`` once the engine is idle (nothing running or waiting, every K/V block free), or as they
+    are after ``timeout_s``. The engine thread publishes what /metrics shows after each step and each abort, so a
+    scrape taken the moment the last client has its answer may still show the step before."""
+    deadline = time.perf_counter() + timeout_s
+    while True:
+        after = engine_metrics(scrape_metrics(url))
+        if after["num_requests_running"] is None:  # not a nanoserve server: nothing to wait for
+            return after
+        if (after["num_requests_running"] == after["num_requests_waiting"] == 0
+                and after["kv_cache_blocks_free"] == after["kv_cache_blocks_total"]) or time.perf_counter() > deadline:
+            return after
+        time.sleep(0.1)
+
+
 def _load(url: str, model: str | None, requests: list, rate: float, **kwargs) -> tuple[list, float]:
     """One load run (``load_client.run_load``), wherever it is called: a top-level function, so a worker
     process can run it."""
@@ -198,7 +213,7 @@ def rate_runs(url: str, model: str | None, specs: list[RequestSpec], rates: list
                                                                seed=seed + i, progress=progress, desc=f"rate {label}")
         summary = summarize(results, wall)
         runs.append({"rate": "inf" if math.isinf(rate) else rate, "summary": summary,
-                     "server_after": engine_metrics(scrape_metrics(url))})
+                     "server_after": settled_engine_metrics(url)})
         print(f"rate {label:>8}: {summary['completed']}/{summary['num_requests']} ok, {summary['errors']} errors, "
               f"{_fmt(summary['output_tokens_per_s'])} output tok/s, TTFT p50 {_ms(summary['ttft_p50_s'])} "
               f"p99 {_ms(summary['ttft_p99_s'])}, ITL p50 {_ms(summary['itl_p50_s'])} p99 {_ms(summary['itl_p99_s'])}, "
@@ -233,13 +248,8 @@ def reliability_run(url: str, model: str | None, requests: list, disconnect_frac
         url, model, requests, math.inf, seed=seed, disconnect_fraction=disconnect_fraction, progress=progress,
         desc="reliability")
     summary = summarize(results, wall)
-    start, after = time.perf_counter(), {}
-    while time.perf_counter() - start < idle_timeout_s:  # aborts reach the engine between steps
-        after = engine_metrics(scrape_metrics(url))
-        if (after["num_requests_running"] == after["num_requests_waiting"] == 0
-                and after["kv_cache_blocks_free"] == after["kv_cache_blocks_total"]):
-            break
-        time.sleep(0.1)
+    start = time.perf_counter()
+    after = settled_engine_metrics(url, idle_timeout_s)  # aborts reach the engine between steps
 
     async def one_more() -> bool:
         async with httpx.AsyncClient(timeout=60) as client:

@@ -56,17 +56,24 @@ class LLMEngine(ServerEngine):
         super().__init__(config if config is not None else EngineConfig())
         pack_projections(self.model)
         if self.can_use_cuda_graphs():
-            max_batch = self.config.max_cuda_graph_batch_size or self.config.max_num_seqs
-            block_size = self.config.block_size
-            self.graph_runner = self.graph_runner_class(self.model, self.kv_pool, batch_size_ladder(max_batch),
-                                                -(-self.max_model_len // block_size), self.max_model_len,
-                                                self.device)
+            self.graph_runner = self.build_graph_runner(capture=True)
             logger.info(self.describe_cuda_graphs())
         self.stats = self.new_stats()
 
     def can_use_cuda_graphs(self) -> bool:
         return (not self.config.enforce_eager and self.device.type == "cuda"
                 and self.attention_backend == "triton")
+
+    def build_graph_runner(self, capture: bool = True) -> CUDAGraphRunner:
+        """The runner this config asks for: graphs for the ladder of batch sizes up to ``max_cuda_graph_batch_size``
+        (default ``max_num_seqs``), block tables wide enough for a sequence of ``max_model_len`` tokens.
+
+        ``capture=False`` builds the same static buffers without recording anything: the CPU tests step through
+        them (with the kernels in Triton's interpreter), so this setup is checked without a GPU."""
+        max_batch = self.config.max_cuda_graph_batch_size or self.config.max_num_seqs
+        max_blocks_per_seq = -(-self.max_model_len // self.config.block_size)  # ceil: a last, partial block
+        return self.graph_runner_class(self.model, self.kv_pool, batch_size_ladder(max_batch), max_blocks_per_seq,
+                                       self.max_model_len, self.device, capture=capture)
 
     def describe_cuda_graphs(self) -> str:
         runner = self.graph_runner
