@@ -26,6 +26,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                      help="a learner's exercises/mNN_*.py to check instead of the reference (repeatable)")
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    for path in config.getoption("--solution", default=[]):
+        exercise_of(path)  # a missing file or one that names no exercise: a usage error before any test
+
+
 def exercise_of(path: str) -> str:
     """The exercise a learner's file answers, or a usage error naming what is wrong."""
     file = Path(path)
