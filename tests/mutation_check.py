@@ -114,6 +114,12 @@ MUTATIONS = (
             admitted.append(fits)"""),),
         ("tests/test_m04_scheduler.py", "tests/test_m04_continuous_batching.py"),
     ),
+    Mutation(
+        "m07-budget-below-seats", "m07 accepts a token budget smaller than max_num_seqs (vLLM refuses it)",
+        "milestones/m07_chunked_prefill/config.py",
+        (("if self.max_num_batched_tokens < self.max_num_seqs:", "if False:"),),
+        ("tests/test_m07_chunked_prefill.py",),
+    ),
 )
 
 
