@@ -18,7 +18,7 @@ from types import ModuleType
 
 import pytest
 
-from exercise_support import REPO, STUBS, declared_exercise, solution_module
+from .exercise_support import REPO, STUBS, declared_exercise, solution_module
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -10,7 +10,7 @@ import random
 
 import pytest
 
-from exercise_support import Checks, assert_stub_fails
+from .exercise_support import Checks, assert_stub_fails
 from milestones.m05_paged_blocks.scheduler import Scheduler as PagedScheduler
 from test_m05_block_manager import FakeEngine, ShadowKV, check_all_returned, check_block_manager, make_seq, solo_tokens
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from exercise_support import Checks, assert_stub_fails
+from .exercise_support import Checks, assert_stub_fails
 from milestones.m06_prefix_cache.block_manager import ROOT_HASH, block_hash
 from milestones.m06_prefix_cache.scheduler import Scheduler as PrefixCachingScheduler
 from test_m05_block_manager import FakeEngine, check_all_returned, check_block_manager, make_seq, solo_tokens

@@ -11,7 +11,7 @@ import random
 
 import pytest
 
-from exercise_support import Checks, assert_stub_fails
+from .exercise_support import Checks, assert_stub_fails
 from milestones.m06_prefix_cache.block_manager import PrefixCachingBlockManager
 from test_m05_block_manager import FakeEngine, check_all_returned, check_block_manager, make_seq, solo_tokens
 
