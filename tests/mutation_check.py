@@ -156,6 +156,12 @@ MUTATIONS = (
           "max_blocks_per_seq = self.max_model_len // self.config.block_size"),),
         ("tests/test_m10_cuda_graphs.py::test_the_runner_is_built_from_the_config",),
     ),
+    Mutation(
+        "m07-budget-below-seats", "m07 accepts a token budget smaller than max_num_seqs (vLLM refuses it)",
+        "milestones/m07_chunked_prefill/config.py",
+        (("if self.max_num_batched_tokens < self.max_num_seqs:", "if False:"),),
+        ("tests/test_m07_chunked_prefill.py",),
+    ),
 )
 
 
