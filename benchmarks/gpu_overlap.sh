@@ -19,5 +19,5 @@ bash benchmarks/gpu_suite.sh "$@" --out "$OUT/results" || status=1
 [ -n "$PROBE" ] && { "$PY" -m benchmarks.step_probe --milestone "$PROBE" --out-dir "$OUT/probe" 2>&1 | tee "$OUT/probe.log" || status=1; }
 [ -n "$SERVE" ] && { "$PY" -m benchmarks.online --milestone "$SERVE" --workload nanovllm --rates inf --offline-reference \
     --device cuda --no-progress --out-dir "$OUT/online" 2>&1 | tee "$OUT/online.log" || status=1; }
-cd "$OUT" && tar czf call.tgz --exclude call.tgz . && find . -mindepth 1 ! -name call.tgz -delete
+tar czf /tmp/nanoserve-call.tgz -C "$OUT" . && find "$OUT" -mindepth 1 -delete && mv /tmp/nanoserve-call.tgz "$OUT/call.tgz"
 exit $status
