@@ -9,6 +9,7 @@ gives. On a CPU the same code runs with the same one-step-late bookkeeping, so t
 from __future__ import annotations
 
 import pytest
+import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -186,3 +187,56 @@ def test_served_through_the_engine_core(tied_checkpoint, tokenizer_cache):
             await client.shutdown()
 
     assert asyncio.run(asyncio.wait_for(serve(), 120)) == tokens(expected)
+
+
+# --------------------------------------------------------------------------- the fused kernels (Triton's interpreter)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_fused_kernels_compute_what_the_unfused_layers_do(dtype):
+    import torch.nn.functional as F
+
+    from milestones.m01_naive_loop.model import RotaryEmbedding, apply_rope
+    from milestones.m12_async_scheduling.fused_kernels import add_rms_norm, qk_norm_rope, silu_and_mul
+
+    tolerance = 1e-5 if dtype == torch.float32 else 2e-2
+    generator = torch.Generator().manual_seed(5)
+    tokens, dim, heads, kv_heads, head_dim = 7, 96, 4, 2, 32
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=generator).to(dtype)
+
+    x, residual, weight = randn(tokens, dim), randn(tokens, dim), randn(dim)
+    fused_residual = residual.clone()
+    out = add_rms_norm(x, fused_residual, weight, 1e-6)
+    expected_residual = residual + x
+    # One rounding to the model's dtype, as torch's own addition (Triton's interpreter may round a bfloat16 the
+    # other way at a tie: one unit in the last place)
+    torch.testing.assert_close(fused_residual, expected_residual, atol=0, rtol=0 if dtype == torch.float32 else 2**-7)
+    torch.testing.assert_close(out, F.rms_norm(expected_residual, (dim,), weight, 1e-6), atol=tolerance,
+                               rtol=tolerance)
+
+    qkv, norm_weight = randn(tokens, (heads + 2 * kv_heads) * head_dim), randn(heads + kv_heads, head_dim)
+    rope = RotaryEmbedding(head_dim, 128, 1e6).to(dtype)
+    positions = torch.tensor([0, 1, 5, 17, 64, 100, 127])
+    q, k = qk_norm_rope(qkv, heads, kv_heads, head_dim, norm_weight, rope.cos, rope.signed_sin, positions, 1e-6)
+    qk = qkv[:, :(heads + kv_heads) * head_dim].view(tokens, heads + kv_heads, head_dim)
+    expected = apply_rope(F.rms_norm(qk, (head_dim,), eps=1e-6) * norm_weight, *rope.lookup(positions))
+    torch.testing.assert_close(q, expected[:, :heads], atol=tolerance, rtol=tolerance)
+    torch.testing.assert_close(k, expected[:, heads:], atol=tolerance, rtol=tolerance)
+
+    gate_up = randn(tokens, 2 * 80)
+    torch.testing.assert_close(silu_and_mul(gate_up), F.silu(gate_up[:, :80]) * gate_up[:, 80:], atol=tolerance,
+                               rtol=tolerance)
+
+
+def test_the_fused_layers_give_transformers_tokens(tied_checkpoint, tokenizer_cache):
+    from milestones.m12_async_scheduling import EngineConfig, LLMEngine
+    from milestones.m12_async_scheduling.fused_layers import FusedQwen3Model
+    from paged_helpers import reference
+
+    engine = LLMEngine(EngineConfig(model=str(tied_checkpoint[0]), device="cpu", attention_backend="triton",
+                                    **KNOBS))
+    assert isinstance(engine.model.model, FusedQwen3Model)
+    outputs = engine.generate(PROMPTS[:3], [greedy(n) for n in (4, 6, 2)], use_tqdm=False)
+    assert tokens(outputs) == [reference(tied_checkpoint[1], p, n) for p, n in zip(PROMPTS[:3], (4, 6, 2))]

@@ -54,11 +54,15 @@ class LLMEngine(ServerEngine):
     def __init__(self, config: EngineConfig | None = None) -> None:
         self.graph_runner: CUDAGraphRunner | None = None
         super().__init__(config if config is not None else EngineConfig())
-        pack_projections(self.model)
+        self.prepare_model()
         if self.can_use_cuda_graphs():
             self.graph_runner = self.build_graph_runner(capture=True)
             logger.info(self.describe_cuda_graphs())
         self.stats = self.new_stats()
+
+    def prepare_model(self) -> None:
+        """Change the loaded model's layers before any graph records them: here, pack the projections."""
+        pack_projections(self.model)
 
     def can_use_cuda_graphs(self) -> bool:
         return (not self.config.enforce_eager and self.device.type == "cuda"

@@ -37,6 +37,7 @@ from milestones.m05_paged_blocks.scheduler import SchedulerOutput
 from milestones.m11_engine_core import LLMEngine as EngineCoreEngine
 
 from .config import EngineConfig
+from .fused_layers import fuse_layers
 from .graph_runner import OverlappedGraphRunner
 from .in_flight import InFlightStep, PinnedIds
 from .scheduler import Scheduler
@@ -54,6 +55,12 @@ class LLMEngine(EngineCoreEngine):
         self.in_flight: InFlightStep | None = None
         super().__init__(config if config is not None else EngineConfig())
         self.pinned_ids = PinnedIds(self.config.max_num_seqs, self.device)
+
+    def prepare_model(self) -> None:
+        """m10's packed layers, then (with the Triton backend) the fused kernels: the GPU's share of a step."""
+        super().prepare_model()
+        if self.attention_backend == "triton":
+            fuse_layers(self.model)
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished() or self.in_flight is not None
