@@ -231,12 +231,16 @@ def test_the_fused_kernels_compute_what_the_unfused_layers_do(dtype):
 
 
 def test_the_fused_layers_give_transformers_tokens(tied_checkpoint, tokenizer_cache):
+    """The decode graphs record the fused layers: run through the runner's buffers (not captured, on a CPU)."""
     from milestones.m12_async_scheduling import EngineConfig, LLMEngine
     from milestones.m12_async_scheduling.fused_layers import FusedQwen3Model
     from paged_helpers import reference
 
     engine = LLMEngine(EngineConfig(model=str(tied_checkpoint[0]), device="cpu", attention_backend="triton",
                                     **KNOBS))
-    assert isinstance(engine.model.model, FusedQwen3Model)
+    engine.graph_runner = engine.build_graph_runner(capture=False)
+    assert isinstance(engine.graph_runner.model.model, FusedQwen3Model)
+    assert not isinstance(engine.model.model, FusedQwen3Model)  # eager steps keep m10's layers
     outputs = engine.generate(PROMPTS[:3], [greedy(n) for n in (4, 6, 2)], use_tqdm=False)
+    assert engine.stats.graph_steps > 0
     assert tokens(outputs) == [reference(tied_checkpoint[1], p, n) for p, n in zip(PROMPTS[:3], (4, 6, 2))]

@@ -76,8 +76,12 @@ class LLMEngine(ServerEngine):
         them (with the kernels in Triton's interpreter), so this setup is checked without a GPU."""
         max_batch = self.config.max_cuda_graph_batch_size or self.config.max_num_seqs
         max_blocks_per_seq = -(-self.max_model_len // self.config.block_size)  # ceil: a last, partial block
-        return self.graph_runner_class(self.model, self.kv_pool, batch_size_ladder(max_batch), max_blocks_per_seq,
-                                       self.max_model_len, self.device, capture=capture)
+        return self.graph_runner_class(self.model_for_graphs(), self.kv_pool, batch_size_ladder(max_batch),
+                                       max_blocks_per_seq, self.max_model_len, self.device, capture=capture)
+
+    def model_for_graphs(self):
+        """The model the decode graphs record (here the engine's own; m12 records a fused one)."""
+        return self.model
 
     def describe_cuda_graphs(self) -> str:
         runner = self.graph_runner

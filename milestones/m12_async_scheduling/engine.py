@@ -37,7 +37,7 @@ from milestones.m05_paged_blocks.scheduler import SchedulerOutput
 from milestones.m11_engine_core import LLMEngine as EngineCoreEngine
 
 from .config import EngineConfig
-from .fused_layers import fuse_layers
+from .fused_layers import FusedCausalLM
 from .graph_runner import OverlappedGraphRunner
 from .in_flight import InFlightStep, PinnedIds
 from .scheduler import Scheduler
@@ -56,11 +56,10 @@ class LLMEngine(EngineCoreEngine):
         super().__init__(config if config is not None else EngineConfig())
         self.pinned_ids = PinnedIds(self.config.max_num_seqs, self.device)
 
-    def prepare_model(self) -> None:
-        """m10's packed layers, then (with the Triton backend) the fused kernels: the GPU's share of a step."""
-        super().prepare_model()
-        if self.attention_backend == "triton":
-            fuse_layers(self.model)
+    def model_for_graphs(self):
+        """The decode graphs record the fused layers (fewer, larger kernels: the GPU's share of a step). Eager
+        steps keep m10's layers: outside a graph every Triton launch costs the host more than a torch op."""
+        return FusedCausalLM(self.model)
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished() or self.in_flight is not None

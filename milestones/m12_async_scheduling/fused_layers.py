@@ -1,4 +1,4 @@
-"""The decoder with fused kernels (``fused_kernels.py``), swapped in at load as m10 swapped in its packed layers.
+"""The decoder with fused kernels (``fused_kernels.py``), for the decode steps m10 records in CUDA graphs.
 
 The residual stream changes shape to let one kernel do an addition and the next norm, across layer borders::
 
@@ -8,9 +8,10 @@ The residual stream changes shape to let one kernel do an addition and the next 
                h = add_rms_norm(attn(h), residual, norm2)           residual += attn(h); h = norm2(residual)
                h = add_rms_norm(mlp(h), residual, next layer's norm1, or the final norm)
 
-The weights are the same tensors (nothing is copied), the forward signature is the model's, so m10's CUDA graphs
-capture it unchanged. Only with the Triton backend (a GPU, or Triton's interpreter when asked for): on a plain
-CPU engine the layers stay m10's.
+The weights are the same tensors (nothing is copied) and the forward signature is the model's, so m10's graph
+runner records it unchanged. Only the graphs use it: a replay launches no kernel from Python, so fewer, larger
+kernels are pure gain there, while in an eager step each Triton launch costs the host more than the torch ops it
+replaces.
 """
 
 from __future__ import annotations
@@ -62,8 +63,14 @@ class FusedQwen3Model(nn.Module):
         return attn.o_proj(out.reshape(-1, heads * dim))
 
 
-def fuse_layers(model: Qwen3ForCausalLM) -> Qwen3ForCausalLM:
-    """Swap the decoder for ``FusedQwen3Model`` in place (the packed layers must be there already)."""
-    if not isinstance(model.model, FusedQwen3Model):
-        model.model = FusedQwen3Model(model.model)
-    return model
+class FusedCausalLM(nn.Module):
+    """The same ``Qwen3ForCausalLM`` (its modules, shared) whose forward runs ``FusedQwen3Model``."""
+
+    def __init__(self, model: Qwen3ForCausalLM) -> None:
+        super().__init__()
+        self.config, self.lm_head = model.config, model.lm_head
+        self.model = FusedQwen3Model(model.model)
+        self.compute_logits = model.compute_logits
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attention: AttentionFn) -> torch.Tensor:
+        return self.model(input_ids, positions, attention)
