@@ -6,9 +6,9 @@
 2. m07 (torch attention) against m08 (``--attention-backend``, auto by default) on the same decode-heavy
    requests: output tokens/s and whether the greedy tokens are identical.
 
-On a GPU both parts show the kernel's gain. Without one the kernel runs only in Triton's interpreter (set
-``TRITON_INTERPRET=1``): exact but very slow, so part 1 then checks the outputs agree and part 2 runs m08 on
-its torch path (what ``auto`` picks on a CPU).
+On a GPU both parts show the kernel's gain. On a CPU the kernel runs in Triton's interpreter: exact but very
+slow, so part 1 then checks the outputs agree and part 2 runs m08 on its torch path (what ``auto`` picks on a
+CPU; ``--attention-backend triton`` runs the kernel there too).
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ class EngineConfig(ChunkedPrefillConfig):
     """``attention_backend``: who computes decode attention.
 
     * ``triton``: the paged decode kernel (``paged_decode_kernel.py``), reading K/V in place through the block
-      tables; on a CPU only under Triton's interpreter (``TRITON_INTERPRET=1``: exact, and very slow);
+      tables; on a CPU in Triton's interpreter (exact, and very slow);
     * ``torch``: m05's gather + ``scaled_dot_product_attention`` path;
     * ``auto`` (default): ``triton`` on a CUDA GPU where Triton is installed, ``torch`` everywhere else.
 

@@ -16,14 +16,14 @@ Qwen3-0.6B in bf16), for K and for V.
 from __future__ import annotations
 
 import torch
-
-# Imported first: on a machine without CUDA it switches Triton to its interpreter before the @triton.jit below.
-from milestones.m08_triton_kernel.paged_decode_kernel import INTERPRETER_PROBLEM, SUPPORTED_DTYPES
-
 import triton
 import triton.language as tl
 
+from .device_kernel import device_kernel
+from .paged_decode_kernel import SUPPORTED_DTYPES
 
+
+@device_kernel
 @triton.jit
 def _store_kv_kernel(k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_mapping_ptr,
                      stride_k_token, stride_v_token, stride_k_slot, stride_v_slot,
@@ -71,8 +71,6 @@ def _check(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     tensors = (k, v, k_cache, v_cache, slot_mapping)
     if any(t.device != k.device for t in tensors):
         raise ValueError(f"all tensors must be on one device; got {[str(t.device) for t in tensors]}")
-    if k.device.type != "cuda" and INTERPRETER_PROBLEM:
-        raise ValueError(f"the Triton store kernel got {k.device} tensors, but {INTERPRETER_PROBLEM}")
     return (_row_stride(k, "k"), _row_stride(v, "v"), _row_stride(k_cache, "k_cache"),
             _row_stride(v_cache, "v_cache"))
 
