@@ -43,7 +43,7 @@ def fp32_check(milestones: list[str], num_prompts: int, max_tokens: int) -> dict
     for name in milestones:
         module = importlib.import_module(f"milestones.{name}")
         engine = module.LLMEngine(module.EngineConfig(model="qwen3-0.6b-random", device="cuda", dtype="float32",
-                                                      max_num_seqs=8, kv_cache_memory_gib=4.0))
+                                                      max_num_seqs=8, kv_cache_memory_bytes=4 * 2**30))
         outputs = engine.generate(prompts, module.SamplingParams(max_tokens=max_tokens, ignore_eos=True),
                                   use_tqdm=False)
         same = [o.token_ids == r for o, r in zip(outputs, reference)]
@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         from milestones.m10_cuda_graphs.__main__ import step_rows
 
         engine = LLMEngine(EngineConfig(model="qwen3-0.6b-random", device="cuda", max_num_seqs=256,
-                                        kv_cache_memory_gib=16.0))
+                                        kv_cache_memory_bytes=16 * 2**30))
         print(engine.describe_cuda_graphs(), flush=True)
         rows = step_rows(engine, 512, 20)
         for row in rows:
@@ -93,10 +93,10 @@ def main(argv: list[str] | None = None) -> int:
         torch.cuda.empty_cache()
     if "throughput" not in skip:
         report["throughput"] = [
-            throughput("m08", "offline", {"kv_cache_memory_gib": 24.0}),
-            throughput("m10", "offline", {"kv_cache_memory_gib": 24.0}),
-            throughput("m10", "nanovllm", {"kv_cache_memory_gib": 48.0, "max_num_seqs": 256}),
-            throughput("m08", "nanovllm", {"kv_cache_memory_gib": 48.0, "max_num_seqs": 256}),
+            throughput("m08", "offline", {"kv_cache_memory_bytes": 24 * 2**30}),
+            throughput("m10", "offline", {"kv_cache_memory_bytes": 24 * 2**30}),
+            throughput("m10", "nanovllm", {"kv_cache_memory_bytes": 48 * 2**30, "max_num_seqs": 256}),
+            throughput("m08", "nanovllm", {"kv_cache_memory_bytes": 48 * 2**30, "max_num_seqs": 256}),
         ]
     report["total_s"] = time.perf_counter() - began
     args.out.mkdir(parents=True, exist_ok=True)

@@ -24,7 +24,7 @@ import torch
 
 from milestones.m01_naive_loop.attention import CausalAttention
 from milestones.m01_naive_loop.config import EngineConfig
-from milestones.m01_naive_loop.demo import cuda_median_ms
+from milestones.common.demo import cuda_median_ms
 from milestones.m01_naive_loop.loader import load_model
 from milestones.m02_kv_cache.kv_cache import CachedAttention, KVCache
 from milestones.m03_static_batching.attention import PaddedCachedAttention

@@ -7,7 +7,7 @@ prompts, fixed output lengths) as streaming ``/v1/completions``:
 
 * **rates**: Poisson arrivals at each rate in ``--rates`` (requests/s; ``inf`` sends them all at once, a
   burst, which measures the server at saturation). For each: TTFT, inter-token and end-to-end latency p50
-  and p99, output tokens/s, errors (``milestones/m09_server/load_client.py`` times the chunks).
+  and p99, output tokens/s, errors (``load_client.py`` times the chunks).
 * **reliability** (``--reliability``): ``--num-requests`` streams at once, ``--disconnect-fraction`` of the
   clients hanging up at random points. It counts server errors, requests completed with their full length
   and disconnected ones; then checks from ``/metrics`` that every K/V block came back and that the server
@@ -46,7 +46,7 @@ from pathlib import Path
 import httpx
 import torch
 
-from milestones.m01_naive_loop.metrics import summarize as summarize_offline
+from milestones.common.latency import summarize as summarize_offline
 
 from .env import REPO_ROOT, environment
 from .workloads import PROMPT_VOCAB, WORKLOADS, RequestSpec, get_workload
@@ -158,7 +158,7 @@ def engine_metrics(values: dict[str, float]) -> dict:
 def _load(url: str, model: str | None, requests: list, rate: float, **kwargs) -> tuple[list, float]:
     """One load run (``load_client.run_load``), wherever it is called: a top-level function, so a worker
     process can run it."""
-    from milestones.m09_server.load_client import run_load
+    from .load_client import run_load
 
     return asyncio.run(run_load(url, model, requests, rate, **kwargs))
 
@@ -189,7 +189,7 @@ class LoadClients:
 def rate_runs(url: str, model: str | None, specs: list[RequestSpec], rates: list[float], seed: int,
               progress: bool, clients: LoadClients | None = None) -> list:
     """One run per rate, run i sending prompt variant i + 1 (variant 0 is the offline reference's)."""
-    from milestones.m09_server.load_client import summarize
+    from .load_client import summarize
 
     runs = []
     for i, rate in enumerate(rates):
@@ -227,7 +227,7 @@ def throughput_at_ttft_targets(runs: list[dict]) -> dict[str, dict | None]:
 def reliability_run(url: str, model: str | None, requests: list, disconnect_fraction: float, seed: int,
                     progress: bool, clients: LoadClients | None = None, idle_timeout_s: float = 120.0) -> dict:
     """All requests at once, some clients hanging up; then: are the blocks back, does the server answer?"""
-    from milestones.m09_server.load_client import stream_completion, summarize
+    from .load_client import stream_completion, summarize
 
     results, wall = (clients or LoadClients("thread")).run(
         url, model, requests, math.inf, seed=seed, disconnect_fraction=disconnect_fraction, progress=progress,
@@ -298,9 +298,9 @@ def run_target(args: argparse.Namespace, parser: argparse.ArgumentParser, milest
     clients = LoadClients(args.clients)
     try:
         if milestone is not None:
+            from milestones.common.serve_cli import build_engine
+            from milestones.common.server_thread import ServerThread
             from milestones.m09_server.app import build_app
-            from milestones.m09_server.cli import build_engine
-            from milestones.m09_server.server_thread import ServerThread
 
             module = milestone_module(milestone)
             engine = build_engine(module, args, parser, max_num_seqs=workload["max_num_seqs"] or 64)
@@ -339,7 +339,7 @@ def run_target(args: argparse.Namespace, parser: argparse.ArgumentParser, milest
 
 
 async def _warm_up(url: str, model: str | None) -> None:
-    from milestones.m09_server.load_client import run_load
+    from .load_client import run_load
 
     results, _ = await run_load(url, model, WARMUP_REQUESTS, math.inf, progress=False)
     failed = [r.error for r in results if not r.ok]
@@ -374,7 +374,7 @@ def parse_rates(text: str) -> list[float]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from milestones.m09_server.cli import add_engine_flags
+    from milestones.common.serve_cli import add_engine_flags
 
     parser = argparse.ArgumentParser(prog="python -m benchmarks.online", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)

@@ -216,7 +216,7 @@ def test_memory_bound_client_aborts_each_request_at_its_real_length():
 
     m05 = run_benchmark("m05", wl, model="tiny", device="cpu", use_tqdm=False, log=None)
     assert m05["status"] == "ok", m05.get("error")
-    assert m05["kv_sizing"]["knob"] == "kv_cache_memory_gib" and m05["kv_sizing"]["value"] == 0.01
+    assert m05["kv_sizing"]["knob"] == "kv_cache_memory_bytes" and m05["kv_sizing"]["value"] == int(0.01 * 2**30)
     assert m05["config"]["kv_pool_blocks"] * m05["config"]["kv_block_size"] == m05["config"]["kv_pool_tokens"]
     assert m05["tokens"]["per_request"] == m04["tokens"]["per_request"]  # greedy: the same tokens
 

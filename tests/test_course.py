@@ -292,8 +292,7 @@ KNOWN = {  # facts of the existing milestones: new classes, {override: the metho
                              "PaddedCachedAttention.__call__": "m02_kv_cache.kv_cache.CachedAttention.__call__"},
                             {"max_num_seqs"}),
     "m04_continuous_batching": ({"Scheduler", "KVPool", "ContiguousAllocator"},
-                                {"LLMEngine.run": "m03_static_batching.engine.LLMEngine.run",
-                                 "EngineConfig.__post_init__": "m03_static_batching.config.EngineConfig.__post_init__"},
+                                {"LLMEngine.run": "m03_static_batching.engine.LLMEngine.run"},
                                 {"kv_cache_tokens"}),
 }
 

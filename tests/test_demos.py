@@ -14,8 +14,8 @@ from conftest import VOCAB
 
 from milestones.m01_naive_loop import SamplingParams
 from milestones.m01_naive_loop.__main__ import main as m01_demo
-from milestones.m01_naive_loop.demo import (TTFT_NOTE, Case, Ratio, demo_parser, interleaved_rounds, measure,
-                                            parse_args, print_table, random_prompts, speedup)
+from milestones.common.demo import (TTFT_NOTE, Case, Ratio, demo_parser, interleaved_rounds, measure, parse_args,
+                                    print_table, random_prompts, speedup)
 from milestones.m02_kv_cache.__main__ import main as m02_demo
 from milestones.m03_static_batching.__main__ import main as m03_demo
 from milestones.m04_continuous_batching.__main__ import main as m04_demo
