@@ -230,3 +230,17 @@ class LLMEngine(ContinuousBatchingEngine):
     def kv_slots_holding_tokens(self) -> int:
         """Slots whose K/V is computed: each running request's computed tokens (m06 counts a shared block once)."""
         return sum(seq.num_computed_tokens for seq in self.scheduler.running)
+
+    # ------------------------------------------------------------------ retired: m04's padded prefill and decode
+
+    def region_starts(self, requests: list[Sequence]) -> torch.Tensor:
+        raise NotImplementedError("m05 runs one packed batch per step through block tables: see execute()")
+
+    def prefill(self, requests: list[Sequence]) -> None:
+        raise NotImplementedError("m05 runs one packed batch per step through block tables: see execute()")
+
+    def decode(self, requests: list[Sequence]) -> None:
+        raise NotImplementedError("m05 runs one packed batch per step through block tables: see execute()")
+
+    def record_kv_usage(self) -> None:
+        raise NotImplementedError("m05 runs one packed batch per step through block tables: see record_step()")
