@@ -90,7 +90,7 @@ def test_list_gains_come_from_the_committed_results(capsys):
     assert f"skewed (one request in 8 long): {m04_skewed:.2f}x (" in out
     m03_offline = statistics.median(repeats_of("m03_offline", "output_tokens_per_s"))
     m03_offline /= metric("m02_offline-n16", "output_tokens_per_s")
-    assert re.search(rf"offline: {m03_offline:.0f}x (\(\S+\) )?m02's output tok/s", out)  # a spread if repeated
+    assert re.search(rf"offline: {re.escape(gains.format_ratio(m03_offline))} (\(\S+\) )?m02's output tok/s", out)
     assert "m02 ran 16 of its 128 requests" in out
     itl = metric("m02_single", "itl_mean_s") / metric("m01_single", "itl_mean_s")  # m02 is slower at 512 tokens
     assert f"single (512-token prompt): {itl:.2f}x higher mean inter-token latency than m01" in out
@@ -481,3 +481,13 @@ def test_the_architecture_pages_override_table_is_the_code():
         in_code = [{o.method for o in engine.overrides if o.retired is None}, {o.method for o in engine.retired},
                    {a for a in engine.attributes if not a.startswith("milestone =")}]
         assert documented.get(new.key) == in_code, f"docs/architecture.md's row for {new.key}"
+
+
+def test_the_readme_quotes_the_ratio_the_course_prints():
+    """One source for a figure: the README's m06 prompt-token ratio is the one `python -m milestones` prints."""
+    from milestones._course.catalog import REPO_ROOT
+
+    [tokens] = [g for g in gains.gains_of("m06") if "prompt tokens" in gains.describe(g, "m05")]
+    printed = gains.describe(tokens, "m05").split(" fewer", 1)[0].split(": ", 1)[1]
+    assert printed == "16.5x"
+    assert f"{printed} fewer prompt tokens computed" in (REPO_ROOT / "README.md").read_text(encoding="utf-8")

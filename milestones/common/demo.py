@@ -124,11 +124,11 @@ def positive_int_list(text: str) -> list[int]:
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """``--help`` shows each flag's default after its text, unless the text already says it ("(default: ...)":
-    what None means, for a flag whose default is to leave the choice to the engine)."""
+    """``--help`` shows each flag's default after its text, unless the text already says it (``"(default: room
+    for 6 requests)"``: what None means) or the default is None, which would say nothing."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
-        if "(default:" in (action.help or ""):
+        if "(default:" in (action.help or "") or action.default is None:
             return action.help
         return super()._get_help_string(action)
 
