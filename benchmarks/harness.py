@@ -36,7 +36,6 @@ from milestones.m01_naive_loop.request import RequestOutput
 from .env import environment
 from .runners import (WARMUP_OUTPUT_LEN, WARMUP_PROMPT_LENS, PhaseResult, Runner, WorkloadNotSupported, cannot_run,
                       kv_tokens_needed, make_runner, registered_runners)
-from .runners import resolve_milestone_module  # noqa: F401 - where callers found it before runners.py
 from .workloads import Workload, milestone_key, workload_for
 
 SCHEMA_VERSION = 2

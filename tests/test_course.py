@@ -456,7 +456,7 @@ def test_a_milestone_that_does_not_import_is_named_in_one_line(capsys, monkeypat
 
 
 def test_the_course_package_is_no_milestone_to_the_benchmarks():
-    from benchmarks.harness import resolve_milestone_module
+    from benchmarks.runners import resolve_milestone_module
 
     with pytest.raises(ValueError) as error:
         resolve_milestone_module("_course")
@@ -491,3 +491,22 @@ def test_the_readme_quotes_the_ratio_the_course_prints():
     printed = gains.describe(tokens, "m05").split(" fewer", 1)[0].split(": ", 1)[1]
     assert printed == "16.5x"
     assert f"{printed} fewer prompt tokens computed" in (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+
+
+def test_every_page_that_quotes_diff_stat_quotes_it_right():
+    """A milestone page's "`--stat`: N files, +L lines" is what `python -m milestones diff PREV NEW --stat` says."""
+    from milestones._course.catalog import REPO_ROOT, discover
+    from milestones._course.changes import step_changes
+
+    found = discover()
+    quoted = 0
+    for old, new in zip(found, found[1:]):
+        if new.doc_page is None:
+            continue
+        text = " ".join((REPO_ROOT / new.doc_page).read_text(encoding="utf-8").split())
+        for files, lines in re.findall(r"`--stat`(?::| counts) (\d+) files, \+([\d,]+) lines", text):
+            changes = step_changes(old, new)
+            assert (int(files), int(lines.replace(",", ""))) == (len(changes.file_lines),
+                                                                sum(changes.file_lines.values())), new.doc_page
+            quoted += 1
+    assert quoted >= 5

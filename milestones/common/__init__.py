@@ -5,7 +5,8 @@
 * ``latency.py``: TTFT, inter-token latency and throughput from the timestamps every ``RequestOutput`` carries;
 * ``engine_stats.py``: ``EngineStats``, the counters an engine keeps while it runs (``engine.stats``);
 * ``server_thread.py``: uvicorn in a background thread on a free port (m09's demo, the tests, the benchmarks);
-* ``serve_cli.py``: ``python -m milestones.m09_server serve``'s command line, with vLLM's flag names.
+* ``serve_cli.py``: ``python -m milestones.m09_server serve``'s command line, with vLLM's flag names;
+* ``stream_client.py``: concurrent streams through the official ``openai`` client, timed (m09's demo).
 
 Nothing here imports a numbered milestone (m01 imports this package, never the other way): where plumbing needs
 a milestone's class, the caller passes it in (``engine_config(EngineConfig, args)``, ``serve(argv, milestone,
