@@ -19,6 +19,7 @@ import math
 import numbers
 import types
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 
 import torch
@@ -39,13 +40,13 @@ def one_of(*choices: str) -> dict:
 
 
 def _describe_range(bounds: dict) -> str:
-    low = f"[{bounds['at_least']}" if "at_least" in bounds else f"({bounds['above']}" if "above" in bounds else None
-    high = f"{bounds['at_most']}]" if "at_most" in bounds else f"{bounds['below']})" if "below" in bounds else None
-    if low and high:
+    """``" >= 1"``, ``" in (0, 1]"``, ``" < 1"``, or ``""`` for no bounds."""
+    if len(bounds) == 2:  # an interval: one bound below, one above
+        low = f"[{bounds['at_least']}" if "at_least" in bounds else f"({bounds['above']}"
+        high = f"{bounds['at_most']}]" if "at_most" in bounds else f"{bounds['below']})"
         return f" in {low}, {high}"
-    if low:
-        return f" {'>=' if low[0] == '[' else '>'} {low[1:]}"
-    return f" {'<=' if high[-1] == ']' else '<'} {high[:-1]}" if high else ""
+    words = {"at_least": ">=", "above": ">", "at_most": "<=", "below": "<"}
+    return "".join(f" {words[key]} {value}" for key, value in bounds.items())
 
 
 def _in_range(value: float, bounds: dict) -> bool:
@@ -53,7 +54,7 @@ def _in_range(value: float, bounds: dict) -> bool:
             and value <= bounds.get("at_most", math.inf) and value < bounds.get("below", math.inf))
 
 
-def check_value(name: str, value: object, annotation: object, metadata: typing.Mapping = types.MappingProxyType({})):
+def check_value(name: str, value: object, annotation: object, metadata: Mapping = types.MappingProxyType({})) -> None:
     """Raise a one-line ``ValueError`` naming ``name`` unless ``value`` fits ``annotation`` and ``metadata``."""
     kinds = typing.get_args(annotation) if isinstance(annotation, types.UnionType) else (annotation,)
     optional = type(None) in kinds
@@ -69,7 +70,7 @@ def check_value(name: str, value: object, annotation: object, metadata: typing.M
     elif kind is float:
         ok = (isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
               and _in_range(value, bounds))
-        what = "a finite number" + _describe_range(bounds) if not bounds else "a number" + _describe_range(bounds)
+        what = ("a number" if bounds else "a finite number") + _describe_range(bounds)
     elif "choices" in metadata:
         ok, what = value in metadata["choices"], "one of " + ", ".join(map(str, metadata["choices"]))
     else:
