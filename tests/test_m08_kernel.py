@@ -373,7 +373,7 @@ def test_kernel_bench_smoke(tmp_path):
 
     out = tmp_path / "kernel_bench.json"
     args = ["--batch", "1,2", "--context", "17", "--num-heads", "4", "--num-kv-heads", "2", "--head-dim", "16",
-            "--replays", "2", "--min-calls", "2", "--copy-mib", "1", "--out", str(out)]
+            "--rep-ms", "1", "--copy-mib", "1", "--out", str(out)]
     if not CUDA:
         args += ["--device", "cpu"]
     kernel_bench.main(args + ["--autotune-sweep", "--sweep-shapes", "1x40"])

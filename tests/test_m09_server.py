@@ -24,7 +24,7 @@ from transformers import Qwen3ForCausalLM
 from conftest import random_prompts, tiny_hf_config
 from milestones.m09_server import EngineConfig, LLMEngine, SamplingParams
 from milestones.m09_server.app import build_app
-from milestones.m09_server.server_thread import ServerThread
+from milestones.common.server_thread import ServerThread
 
 MODEL_NAME = "tiny-chat"
 MAX_MODEL_LEN = 256
@@ -419,6 +419,13 @@ def test_bad_chat_requests_get_an_openai_error(server, case):
     assert_openai_error(httpx.post(f"{server.url}/v1/chat/completions", json=body), status, param)
 
 
+def test_every_problem_of_a_request_is_named_in_its_message(server):
+    response = httpx.post(f"{server.url}/v1/completions", json={"prompt": "hi", "max_tokens": 0, "temperature": -1})
+    assert_openai_error(response, 400, None)
+    message = response.json()["error"]["message"]
+    assert "max_tokens: " in message and "temperature: " in message and "more problem" not in message
+
+
 def test_malformed_json_and_a_body_that_is_not_an_object(server, client):
     for content in (b'{"prompt": "hi", ', b'["prompt"]'):
         response = httpx.post(f"{server.url}/v1/completions", content=content,
@@ -521,7 +528,7 @@ def test_graceful_shutdown_finishes_short_requests_and_aborts_long_ones(chat_che
 
 
 def test_cli_maps_vllm_flags_and_refuses_the_ones_the_engine_lacks(capsys):
-    from milestones.m09_server.cli import engine_config, serve_parser
+    from milestones.common.serve_cli import engine_config, serve_parser
 
     @dataclasses.dataclass
     class SmallConfig:

@@ -132,7 +132,7 @@ def test_padding_rows_write_nowhere_and_read_nothing(replaying_engine):
 def test_the_server_serves_m10_unchanged_with_enforce_eager(tied_checkpoint, tokenizer_cache):
     openai = pytest.importorskip("openai")
     from milestones.m09_server.app import build_app
-    from milestones.m09_server.server_thread import ServerThread
+    from milestones.common.server_thread import ServerThread
 
     engine = LLMEngine(EngineConfig(model=str(tied_checkpoint[0]), device="cpu", enforce_eager=True,
                                     max_num_seqs=4, kv_cache_tokens=512))

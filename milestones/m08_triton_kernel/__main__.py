@@ -18,9 +18,9 @@ import argparse
 import numpy as np
 import torch
 
-from milestones.m01_naive_loop.demo import (Case, check_cases, cuda_median_ms, demo_parser, engine_config,
-                                            exit_on_bad_input, measure, parse_args, positive_int, print_speedup,
-                                            print_table, random_prompts, same_tokens)
+from milestones.common.demo import (Case, check_cases, cuda_median_ms, demo_parser, engine_config, exit_on_bad_input,
+                                    measure, parse_args, positive_int, print_speedup, print_table, random_prompts,
+                                    same_tokens)
 from milestones.m05_paged_blocks.paged_attention import AttentionMetadata, GatherIndices, PagedKVCache
 from milestones.m07_chunked_prefill import LLMEngine as ChunkedPrefillEngine
 from milestones.m08_triton_kernel import EngineConfig, LLMEngine, SamplingParams

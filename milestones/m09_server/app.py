@@ -94,17 +94,16 @@ def install_error_handlers(app: FastAPI, metrics: ServerMetrics) -> None:
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, error: RequestValidationError) -> Response:
         metrics.record_rejected()
-        first = error.errors()[0]
-        if first["type"] == "json_invalid":
-            return APIError(400, f"the request body is not valid JSON: {first.get('ctx', {}).get('error', '')}",
+        problems = error.errors()
+        if problems[0]["type"] == "json_invalid":
+            return APIError(400, f"the request body is not valid JSON: {problems[0].get('ctx', {}).get('error', '')}",
                             code="invalid_json").response()
-        param = _param(first["loc"])
-        message = first["msg"].removeprefix("Value error, ")
-        if param is not None:
-            message = f"{param}: {message}"
-        if len(error.errors()) > 1:
-            message += f" (and {len(error.errors()) - 1} more problem(s))"
-        return APIError(400, message, param=param, code=first["type"]).response()
+        messages = []  # every problem, each naming its parameter: "prompt: ...; prompt: ..."
+        for problem in problems:
+            param, text = _param(problem["loc"]), problem["msg"].removeprefix("Value error, ")
+            messages.append(text if param is None else f"{param}: {text}")
+        return APIError(400, "; ".join(dict.fromkeys(messages)), param=_param(problems[0]["loc"]),
+                        code=problems[0]["type"]).response()
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, error: StarletteHTTPException) -> Response:

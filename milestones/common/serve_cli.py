@@ -1,9 +1,10 @@
-"""``python -m milestones.m09_server serve --model ... --port ...``: the server, with vLLM's flag names.
+"""``python -m milestones.m09_server serve --model ... --port ...``: the server's command line, with vLLM's flag names.
 
 Engine flags map onto the fields of the milestone's ``EngineConfig`` (``dataclasses.fields``); a flag whose
 field the engine does not have (``--block-size`` before paged blocks exist) is a one-line error, and flags
-not given keep the engine's defaults. The engine class comes from the package named by ``milestone``, so a
-later milestone serves its own engine with ``serve(argv, milestone="milestones.m10_...")``.
+not given keep the engine's defaults (``--help`` shows them). The engine class comes from the package named by
+``milestone``, and the app from the ``build_app`` the caller passes in (m09's), so a later milestone serves its
+own engine with ``serve(argv, "milestones.m10_...", build_app)``.
 """
 
 from __future__ import annotations
@@ -12,44 +13,61 @@ import argparse
 import dataclasses
 import importlib
 import json
+from collections.abc import Callable
 
-# (flag, EngineConfig field, type, help). Every one defaults to "not given".
-ENGINE_FLAGS: tuple[tuple[str, str, object, str], ...] = (
-    ("--device", "device", str, "auto, cpu, cuda or cuda:N"),
-    ("--dtype", "dtype", str, "auto, float32, bfloat16 or float16"),
-    ("--max-model-len", "max_model_len", int, "longest prompt + output accepted"),
-    ("--seed", "seed", int, "seed of random preset weights and of requests that bring no seed"),
-    ("--max-num-seqs", "max_num_seqs", int, "most requests in the running batch"),
-    ("--max-num-batched-tokens", "max_num_batched_tokens", int, "token budget of one step"),
-    ("--block-size", "block_size", int, "tokens per K/V block"),
-    ("--gpu-memory-utilization", "gpu_memory_utilization", float, "fraction of GPU memory the engine may use"),
-    ("--kv-cache-memory-gib", "kv_cache_memory_gib", float, "K/V cache size in GiB (overrides the utilization)"),
-    ("--kv-cache-tokens", "kv_cache_tokens", int, "K/V pool size in tokens (m04's contiguous pool)"),
+from .demo import HelpFormatter, byte_size
+
+# (flag, EngineConfig field, type, help, what the engine does when the field is None)
+ENGINE_FLAGS: tuple[tuple[str, str, object, str, str], ...] = (
+    ("--device", "device", str, "auto, cpu, cuda or cuda:N", ""),
+    ("--dtype", "dtype", str, "auto, float32, bfloat16 or float16", ""),
+    ("--max-model-len", "max_model_len", int, "longest prompt + output accepted", "the model's own limit"),
+    ("--seed", "seed", int, "seed of random preset weights and of requests that bring no seed", ""),
+    ("--max-num-seqs", "max_num_seqs", int, "most requests in the running batch", ""),
+    ("--max-num-batched-tokens", "max_num_batched_tokens", int, "token budget of one step", "no cap"),
+    ("--block-size", "block_size", int, "tokens per K/V block", ""),
+    ("--gpu-memory-utilization", "gpu_memory_utilization", float, "fraction of GPU memory the engine may use",
+     "not used"),
+    ("--kv-cache-memory-bytes", "kv_cache_memory_bytes", byte_size,
+     "K/V cache size in bytes: 4G is 4 GiB, 4g 4*10**9 (instead of the utilization)", "not used"),
+    ("--kv-cache-tokens", "kv_cache_tokens", int, "K/V pool size in tokens (m04's contiguous pool)",
+     "room for max-num-seqs full-length requests"),
     ("--enable-prefix-caching", "enable_prefix_caching", argparse.BooleanOptionalAction, "reuse K/V of shared "
-     "prompt prefixes"),
-    ("--attention-backend", "attention_backend", str, "auto, torch or triton"),
-    ("--enforce-eager", "enforce_eager", "flag", "never capture or replay CUDA graphs (m10 on)"),
+     "prompt prefixes", ""),
+    ("--attention-backend", "attention_backend", str, "auto, torch or triton", ""),
+    ("--enforce-eager", "enforce_eager", "flag", "never capture or replay CUDA graphs (m10 on)", ""),
 )
 
 
-def add_engine_flags(parser: argparse.ArgumentParser, model_default: str | None = "tiny") -> None:
+def engine_default(config_cls, field: str, none_means: str) -> str:
+    """What ``--help`` says of a flag: the engine's default for ``field``, or that the engine has no such field."""
+    found = {f.name: f for f in dataclasses.fields(config_cls)}.get(field) if config_cls is not None else None
+    if found is None:
+        return "not in this engine" if config_cls is not None else "the engine's"
+    value = found.default if found.default is not dataclasses.MISSING else None
+    return none_means or "None" if value is None else str(value)
+
+
+def add_engine_flags(parser: argparse.ArgumentParser, model_default: str | None = "tiny", config_cls=None) -> None:
+    """The engine's flags; ``--help`` shows ``config_cls``'s defaults (an engine chosen later: "the engine's")."""
     group = parser.add_argument_group("engine (vLLM's flag names; each needs a matching EngineConfig field)")
     group.add_argument("--model", default=model_default,
                        help="a preset (tiny, qwen3-0.6b-random), a checkpoint directory, or a hub id")
-    for flag, _, kind, help_text in ENGINE_FLAGS:
+    for flag, field, kind, help_text, none_means in ENGINE_FLAGS:
+        text = f"{help_text} (default: {engine_default(config_cls, field, none_means)})"
         if kind is argparse.BooleanOptionalAction:
-            group.add_argument(flag, action=kind, default=None, help=help_text)
+            group.add_argument(flag, action=kind, default=None, help=text)
         elif kind == "flag":
-            group.add_argument(flag, action="store_const", const=True, default=None, help=help_text)
+            group.add_argument(flag, action="store_const", const=True, default=None, help=text)
         else:
-            group.add_argument(flag, type=kind, default=None, help=help_text)
+            group.add_argument(flag, type=kind, default=None, help=text)
 
 
 def engine_config(config_cls, args: argparse.Namespace, parser: argparse.ArgumentParser, **defaults):
     """``config_cls`` from the flags that were given, over ``defaults``; unsupported flags end the program."""
     fields = {f.name for f in dataclasses.fields(config_cls)}
     kwargs = {"model": args.model, **{k: v for k, v in defaults.items() if k in fields}}
-    for flag, field, _, _ in ENGINE_FLAGS:
+    for flag, field, *_ in ENGINE_FLAGS:
         value = getattr(args, field)
         if value is None:
             continue
@@ -84,30 +102,30 @@ def build_engine_client(milestone: str, args: argparse.Namespace, parser: argpar
         parser.error(str(error))
 
 
-def serve_parser(prog: str) -> argparse.ArgumentParser:
+def serve_parser(prog: str, config_cls=None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description="An OpenAI-compatible server (completions and chat, "
-                                     "streaming, /metrics) over this milestone's engine.",
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("model_tag", nargs="?", default=None, help="the model, as vLLM's `vllm serve MODEL`")
-    add_engine_flags(parser)
+                                     "streaming, /metrics) over this milestone's engine.", formatter_class=HelpFormatter)
+    parser.add_argument("model_tag", nargs="?", default=None,
+                        help="the model, as vLLM's `vllm serve MODEL` (default: --model)")
+    add_engine_flags(parser, config_cls=config_cls)
     server = parser.add_argument_group("server")
     server.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
-    server.add_argument("--port", type=int, default=8000)
+    server.add_argument("--port", type=int, default=8000, help="port to listen on")
     server.add_argument("--served-model-name", nargs="+", default=None,
                         help="name(s) clients pass as `model` (default: --model)")
     server.add_argument("--graceful-shutdown-s", type=float, default=5.0,
                         help="on Ctrl-C, how long requests in flight may take to finish before they are aborted")
-    server.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    server.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
+                        help="uvicorn's log level")
     return parser
 
 
-def serve(argv: list[str] | None = None, milestone: str = "milestones.m09_server") -> None:
-    """Parse ``argv`` (the words after ``serve``), build the engine, and serve until Ctrl-C."""
+def serve(argv: list[str] | None, milestone: str, build_app: Callable) -> None:
+    """Parse ``argv`` (the words after ``serve``), build the engine client, and serve ``build_app(client)`` until
+    Ctrl-C."""
     import uvicorn
 
-    from .app import build_app
-
-    parser = serve_parser(f"python -m {milestone} serve")
+    parser = serve_parser(f"python -m {milestone} serve", importlib.import_module(milestone).EngineConfig)
     args = parser.parse_args(argv)
     if args.model_tag is not None:
         args.model = args.model_tag
