@@ -22,7 +22,7 @@ import pytest
 
 from conftest import random_prompts
 from milestones.m09_server.app import build_app
-from milestones.m09_server.server_thread import ServerThread
+from milestones.common.server_thread import ServerThread
 from milestones.m11_engine_core import EngineConfig, LLMEngine, SamplingParams
 from milestones.m11_engine_core.async_llm import TokenIdsSoFar
 from test_m09_server import (  # noqa: F401  (fixtures and tests, run again here against m11)

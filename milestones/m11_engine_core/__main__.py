@@ -11,15 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import importlib
-import math
 import sys
 
-from milestones.m01_naive_loop.demo import (demo_parser, exit_on_bad_input, interleaved_rounds, parse_args,
-                                            positive_int, print_speedup, print_table, random_prompts)
+from milestones.common.demo import (demo_parser, exit_on_bad_input, interleaved_rounds, parse_args, positive_int,
+                                    print_speedup, print_table, random_prompts)
+from milestones.common.server_thread import ServerThread
+from milestones.common.stream_client import stream_all, table_row
 from milestones.m09_server.__main__ import main as serve_or_demo
 from milestones.m09_server.app import build_app
-from milestones.m09_server.load_client import run_load, summarize
-from milestones.m09_server.server_thread import ServerThread
 
 MILESTONE = "milestones.m11_engine_core"
 COLUMNS = ["label", "requests", "output tokens", "wall s", "output tok/s", "TTFT p50 (ms)", "TTFT p99 (ms)"]
@@ -53,23 +52,18 @@ def demo(argv: list[str]) -> list[dict]:
         print(line)
     prompts = random_prompts(thread_client.engine.vocab_size, args.num_requests, args.prompt_len,
                              args.prompt_len, args.seed)
-    requests = [(p, args.max_tokens) for p in prompts]
     with ServerThread(build_app(thread_client, served_model_name="demo")) as m10_server, \
             ServerThread(build_app(core_client, served_model_name="demo")) as m11_server:
         servers = {"m10 server (engine thread)": m10_server, "m11 server (engine core process)": m11_server}
         for server in servers.values():  # warm-up: first steps, first requests
-            asyncio.run(run_load(server.url, "demo", requests[:2], math.inf, progress=False))
+            asyncio.run(stream_all(server.url, "demo", prompts[:2], args.max_tokens))
         texts: dict[str, list[str]] = {}
 
         def burst(label: str):
             def run() -> dict:
-                results, wall = asyncio.run(run_load(servers[label].url, "demo", requests, math.inf,
-                                                     collect_text=True, progress=False))
-                texts.setdefault(label, [r.text for r in results])
-                summary = summarize(results, wall)
-                return {"label": label, "requests": summary["completed"], "output tokens": summary["output_tokens"],
-                        "wall s": wall, "output tok/s": summary["output_tokens_per_s"],
-                        "TTFT p50 (ms)": _ms(summary["ttft_p50_s"]), "TTFT p99 (ms)": _ms(summary["ttft_p99_s"])}
+                streams, wall = asyncio.run(stream_all(servers[label].url, "demo", prompts, args.max_tokens))
+                texts.setdefault(label, [s.text for s in streams])
+                return table_row(label, streams, wall)
             return run
 
         rows = interleaved_rounds([burst(label) for label in servers], args.repeats)
@@ -80,10 +74,6 @@ def demo(argv: list[str]) -> list[dict]:
     print(f"same text from both servers (greedy): {'yes' if same else 'NO'}")
     print(f"\nStart m11's server yourself:  python -m {MILESTONE} serve --model {args.model} --port 8000")
     return rows
-
-
-def _ms(seconds: float | None) -> float | None:
-    return None if seconds is None else seconds * 1000
 
 
 if __name__ == "__main__":

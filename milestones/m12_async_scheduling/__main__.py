@@ -18,9 +18,8 @@ import time
 
 import torch
 
-from milestones.m01_naive_loop.demo import (Case, demo_parser, engine_config, exit_on_bad_input, measure,
-                                            parse_args, positive_int, print_speedup, print_table, random_prompts,
-                                            same_tokens)
+from milestones.common.demo import (Case, demo_parser, engine_config, exit_on_bad_input, measure,
+                                    parse_args, positive_int, print_speedup, print_table, random_prompts, same_tokens)
 
 from . import EngineConfig, LLMEngine, SamplingParams
 from .in_flight import InFlightStep

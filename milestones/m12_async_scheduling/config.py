@@ -13,8 +13,3 @@ class EngineConfig(EngineCoreConfig):
     step N+1 while the GPU runs step N, learning step N's tokens one step late. Off: m11's engine, step by step."""
 
     async_scheduling: bool = True
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if not isinstance(self.async_scheduling, bool):
-            raise ValueError(f"async_scheduling must be True or False, got {self.async_scheduling!r}")
