@@ -135,15 +135,17 @@ def whole_run(milestone: str, workload_name: str, model: str, overrides: dict, d
     engine = runner.engine
     for request, sp in zip(workload.requests, runner._params(workload.requests)):
         engine.add_request(list(request.prompt_token_ids), sp)
-    kinds = {"graph": [0, 0.0], "eager": [0, 0.0], "no launch": [0, 0.0]}
+    kinds = {"graph": [0, 0.0], "piecewise": [0, 0.0], "eager": [0, 0.0], "no launch": [0, 0.0]}
     sync(engine.device)
     began = time.perf_counter()
     with torch.inference_mode():
         while engine.has_unfinished():
-            graphs, eager, start = engine.stats.graph_steps, engine.stats.eager_steps, time.perf_counter()
+            stats = engine.stats
+            before = (stats.graph_steps, getattr(stats, "piecewise_steps", 0), stats.eager_steps)
+            start = time.perf_counter()
             engine.engine_step()
-            kind = ("graph" if engine.stats.graph_steps > graphs else "eager" if engine.stats.eager_steps > eager
-                    else "no launch")
+            after = (stats.graph_steps, getattr(stats, "piecewise_steps", 0), stats.eager_steps)
+            kind = next((k for k, b, a in zip(("graph", "piecewise", "eager"), before, after) if a > b), "no launch")
             kinds[kind][0] += 1
             kinds[kind][1] += time.perf_counter() - start
     sync(engine.device)
