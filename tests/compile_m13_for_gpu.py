@@ -9,6 +9,7 @@ prints the registers per thread and any spills (a spilling configuration streams
 
     python tests/compile_m13_for_gpu.py                        # one line per variant; exit 1 on a failure
     python tests/compile_m13_for_gpu.py --candidates --registers
+    python tests/compile_m13_for_gpu.py --quick                # the launch table in bf16 (tests/test_m13_...)
 
 Exit status 77 when this Triton cannot compile for a GPU target here (as ``compile_for_gpu.py``).
 """
@@ -37,7 +38,7 @@ from compile_for_gpu import SKIP, CompileOnly, TargetOnlyDriver, cannot_compile_
 QWEN3_8B_K = 4096
 
 
-def matmul_jobs(candidates: bool):
+def matmul_jobs(candidates: bool, quick: bool = False):
     """(name, call) for every quantized matmul variant."""
     from milestones.m13_quantization import matmul_kernels
     from milestones.m13_quantization.launch_config import CANDIDATES, LAUNCH_TABLE, fits_method
@@ -51,8 +52,8 @@ def matmul_jobs(candidates: bool):
                     if fits_method(config, method)]
     jobs = []
     for method, label, config in configs:
-        rows = {"gemv": (1, 4), "dot": (16, 256), "dequant": (256,)}[config.kernel]
-        for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        rows = {"gemv": (1, 4), "dot": (16, 256), "dequant": (256,)}[config.kernel][:1 if quick else None]
+        for dtype in (torch.bfloat16,) if quick else (torch.bfloat16, torch.float16, torch.float32):
             for m in rows:
                 def job(method=method, config=config, m=m, dtype=dtype):
                     n, k = 256, QWEN3_8B_K
@@ -68,13 +69,13 @@ def matmul_jobs(candidates: bool):
     return jobs
 
 
-def fp8_jobs():
+def fp8_jobs(quick: bool = False):
     """m08's kernels on an FP8 cache: the store (quantize) and the decode (dequantize), direct and split."""
     from milestones.m08_triton_kernel import paged_decode_kernel, store_kv_kernel
 
     fp8 = torch.float8_e4m3fn
     jobs = []
-    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+    for dtype in (torch.bfloat16,) if quick else (torch.bfloat16, torch.float16, torch.float32):
         def store(dtype=dtype):
             k = torch.zeros(3, 8, 128, dtype=dtype)
             cache = torch.zeros(8, 16, 8, 128, dtype=fp8)
@@ -121,6 +122,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--arch", type=int, default=90, help="CUDA compute capability x10 (default 90: Hopper)")
     parser.add_argument("--candidates", action="store_true", help="also every quant_bench candidate configuration")
     parser.add_argument("--registers", action="store_true", help="registers and spills per kernel (ptxas -v)")
+    parser.add_argument("--quick", action="store_true",
+                        help="the launch table in bfloat16 only, one M per kernel (what the test runs)")
     parser.add_argument("--only", default=None, help="only variants whose name contains this text")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of lines")
     args = parser.parse_args(argv)
@@ -145,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         module.INTERPRETER_PROBLEM = None  # CPU tensors are only the launches' descriptions here
     matmul_kernels.F.linear = lambda x, w, bias=None: x.new_empty((x.shape[0], w.shape[0]))  # nothing to run
 
-    jobs = matmul_jobs(args.candidates) + fp8_jobs()
+    jobs = matmul_jobs(args.candidates, args.quick) + fp8_jobs(args.quick)
     if args.only:
         jobs = [(name, job) for name, job in jobs if args.only in name]
     results = []

@@ -37,7 +37,8 @@ def _to_fp8(x, scale_ptr, ROUND_FIRST: tl.constexpr):
         # normal FP8 values keep 3 of float32's 23 mantissa bits: round the other 20 to nearest, ties to even
         normal = ((bits + 0x7FFFF + ((bits >> 20) & 1)) & -0x100000).to(tl.float32, bitcast=True)
         # below 2^-6 FP8 is subnormal, in steps of 2^-9: adding 1.5 * 2^14 (whose float32 step is 2^-9) rounds there
-        subnormal = (y + 24576.0) - 24576.0
+        magnitude = (tl.abs(y) + 24576.0) - 24576.0
+        subnormal = tl.where(y < 0, -magnitude, magnitude)  # keeps the sign of a value that rounds to zero
         y = tl.where(tl.abs(y) < 0.015625, subnormal, normal)
     return y.to(tl.float8e4nv)
 

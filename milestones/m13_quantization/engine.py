@@ -34,7 +34,14 @@ from .quantize import bytes_per_weight
 from .quantized_loader import check_quantizable, load_preset_quantized, quantize_model_, weight_bytes
 
 logger = logging.getLogger(__name__)
-GiB = 2**30
+
+
+def format_bytes(num_bytes: float) -> str:
+    """``209190912`` -> ``"199.5 MiB"``: the largest binary unit that leaves a number >= 1."""
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if num_bytes >= size:
+            return f"{num_bytes / size:,.1f} {unit}"
+    return f"{num_bytes:,.0f} bytes"
 
 
 class LLMEngine(PreviousEngine):
@@ -71,9 +78,9 @@ class LLMEngine(PreviousEngine):
     def describe_weights(self) -> str:
         sizes = weight_bytes(self.model)
         method = self.config.quantization or str(self.dtype).removeprefix("torch.")
-        return (f"weights: linear layers {sizes['linear'] / GiB:.2f} GiB in {method} "
+        return (f"weights: linear layers {format_bytes(sizes['linear'])} in {method} "
                 f"({bytes_per_weight(self.config.quantization, self.dtype):.3g} bytes per weight), embedding "
-                f"{sizes['embedding'] / GiB:.2f} GiB, norms {sizes['other'] / 2**20:.1f} MiB"
+                f"{format_bytes(sizes['embedding'])}, norms {format_bytes(sizes['other'])}"
                 + ("" if self.config.quantization is None else f"; matmuls: {self.matmul_kernel}"))
 
     # ------------------------------------------------------------------ K/V
