@@ -98,6 +98,9 @@ class Gate:
 Entry = Run | Compare | Gate
 
 
+FP8_KV = Member("m13", (("kv_cache_dtype", "fp8"),), "fp8kv")  # m13 with its K/V cache in float8 e4m3
+
+
 def budgets(milestone: str, values: tuple[int | None, ...]) -> tuple[Member, ...]:
     """The same milestone at several ``max_num_batched_tokens`` (None: unlimited), one member each."""
     return tuple(Member(milestone, (("max_num_batched_tokens", v),), f"mnbt-{'none' if v is None else v}")
@@ -267,4 +270,11 @@ SETS: dict[str, list[Entry]] = {
     # per batch shape, on the first 64 (one batch).
     "pair-c-gpu0": [Run("hf-compiled", "nanovllm", 150, max_requests=64)],
     "pair-c-gpu1": [Run("hf-static", "nanovllm", 200)],
+    # ---- issue 20 (m13): FP8 K/V against the bf16 K/V cache, both m13, on Qwen3-0.6B's shape (guesses until
+    # measured: m10's times). The gate checks m13 unquantized (gpu_suite.LOSSY_KNOBS). The batch-1 step on
+    # qwen3-8b-random is benchmarks/quant_step.py's, the logit errors benchmarks/quant_accuracy.py's.
+    "m13-fp8-kv": [
+        Compare(("m13", FP8_KV), "nanovllm", run_s=(15, 13), build_s=20),
+        Compare(("m13", FP8_KV), "memory-bound", run_s=(12, 10), build_s=20),
+    ],
 }

@@ -114,6 +114,21 @@ MUTATIONS = (
             admitted.append(fits)"""),),
         ("tests/test_m04_scheduler.py", "tests/test_m04_continuous_batching.py"),
     ),
+    Mutation(
+        "m13-int4-nibbles-swapped", "m13's int4 unpacking reads a byte's high nibble as element j and the low one as "
+        "element j + 64", "milestones/m13_quantization/matmul_kernels.py",
+        (("        lo = ((b & 0xF) | 0x4B000000).to(tl.float32, bitcast=True) - (8388608.0 + 8.0)\n"
+          "        hi = ((b >> 4) | 0x4B000000).to(tl.float32, bitcast=True) - (8388608.0 + 8.0)",
+          "        lo = ((b >> 4) | 0x4B000000).to(tl.float32, bitcast=True) - (8388608.0 + 8.0)\n"
+          "        hi = ((b & 0xF) | 0x4B000000).to(tl.float32, bitcast=True) - (8388608.0 + 8.0)"),),
+        ("tests/test_m13_quantization.py",),
+    ),
+    Mutation(
+        "m13-fp8-decode-drops-v-scale", "m08's decode kernel reads an FP8 cache but never multiplies by V's scale",
+        "milestones/m08_triton_kernel/paged_decode_kernel.py",
+        (("        out = out * tl.load(v_scale_ptr)", "        out = out"),),
+        ("tests/test_m13_quantization.py",),
+    ),
 )
 
 

@@ -313,19 +313,27 @@ def test_quantized_logits_are_within_the_stated_tolerances(groupable_checkpoint,
     assert isinstance(engines["fp8"].kv_pool, FP8PagedKVCache)
 
 
-def test_the_triton_kernels_give_the_torch_paths_logits(groupable_checkpoint, tokenizer_cache):
-    """int4 matmuls and an FP8 cache through the Triton kernels (interpreter): the same logits as the torch paths."""
-    knobs = dict(quantization="int4", kv_cache_dtype="fp8")
+def test_the_triton_kernels_and_graph_buffers_give_the_torch_paths_logits(groupable_checkpoint, tokenizer_cache):
+    """int4 matmuls and an FP8 cache through the Triton kernels (interpreter), decode steps through m10's graph
+    runner (its static buffers, not captured: no GPU): the same logits as the torch paths."""
+    from milestones.m10_cuda_graphs.graph_runner import CUDAGraphRunner, batch_size_ladder
+
+    knobs = dict(quantization="int4", kv_cache_dtype="fp8", max_num_seqs=2)
     torch_path = make_engine(groupable_checkpoint, **knobs)
     triton_path = make_engine(groupable_checkpoint, attention_backend="triton", **knobs)
     for module in triton_path.model.modules():
         if isinstance(module, QuantizedLinear):
             module.kernel = "triton"
-    prompts = accuracy_prompts()[:2]  # a prompt chunk, then decodes: both attention paths, every matmul regime
+    max_blocks = -(-triton_path.max_model_len // triton_path.config.block_size)
+    triton_path.graph_runner = CUDAGraphRunner(triton_path.model, triton_path.kv_pool, batch_size_ladder(2),
+                                               max_blocks, triton_path.max_model_len, triton_path.device,
+                                               capture=False)
+    prompts = accuracy_prompts()[:2]  # a prompt step (eager), then decode steps (the graph runner's buffers)
     continuations = [o.token_ids for o in torch_path.generate(prompts, SamplingParams(max_tokens=3, ignore_eos=True),
                                                               use_tqdm=False)]
     error = logit_error(forced_logits(torch_path, prompts, continuations),
                         forced_logits(triton_path, prompts, continuations))
+    assert triton_path.stats.graph_steps > 0 and triton_path.stats.eager_steps > 0
     # float32 sums in another order can move a K/V value across an FP8 rounding boundary (a 1/16 step) now and
     # then: measured 7e-7 to 2.5e-5, against 0.06 for FP8 itself and 0.46 for int4 (the errors this path adds to)
     assert error.rel_rms < 1e-3 and error.top1_agreement == 1.0, error
@@ -377,6 +385,26 @@ def test_bad_combinations_are_refused_in_one_line(tied_checkpoint, tokenizer_cac
     with pytest.raises(ValueError, match="kv_cache_dtype='fp8' cannot run here: no float8 on this device") as info:
         make_engine(tied_checkpoint[0], kv_cache_dtype="fp8")
     assert "\n" not in str(info.value)
+
+
+def test_the_server_serves_a_quantized_engine_with_vllms_flags(groupable_checkpoint, tokenizer_cache):
+    openai = pytest.importorskip("openai")
+    from milestones.m09_server import cli
+    from milestones.m09_server.app import build_app
+    from milestones.m09_server.server_thread import ServerThread
+
+    parser = cli.serve_parser("serve")
+    args = parser.parse_args(["--model", str(groupable_checkpoint), "--device", "cpu", "--quantization", "int8",
+                              "--kv-cache-dtype", "fp8", "--kv-cache-tokens", "512", "--max-num-seqs", "2"])
+    engine = cli.build_engine("milestones.m13_quantization", args, parser)
+    assert engine.config.quantization == "int8" and isinstance(engine.kv_pool, FP8PagedKVCache)
+    offline = engine.generate([[5, 6, 7, 8]], SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)[0]
+    with ServerThread(build_app(engine, served_model_name="m13-int8")) as running:
+        client = openai.OpenAI(base_url=f"{running.url}/v1", api_key="unused", max_retries=0, timeout=60)
+        reply = client.completions.create(model="m13-int8", prompt=[5, 6, 7, 8], max_tokens=4, temperature=0,
+                                          extra_body={"ignore_eos": True, "return_token_ids": True})
+    choice = reply.choices[0]
+    assert (getattr(choice, "token_ids", None) or choice.model_extra.get("token_ids")) == offline.token_ids
 
 
 def test_a_cpu_with_float8_support_is_accepted():

@@ -12,11 +12,15 @@ On a GPU the matmuls run in m13's Triton kernels and the step times show the byt
 matmuls take the torch reference path (dequantize the weight, then ``F.linear``: more work, not less), so the
 CPU step times show what the extra unpacking costs there, not a gain; the bytes and the logit errors are the
 same on either device.
+
+``python -m milestones.m13_quantization serve --quantization int4 --kv-cache-dtype fp8 ...`` starts m09's
+OpenAI-compatible server over m13's engine (vLLM's flag names).
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 
 import torch
 
@@ -58,9 +62,15 @@ def bytes_row(label: str, engine, quantization: str | None) -> dict:
             "K/V tokens in budget": pool.num_blocks * pool.block_size}
 
 
-def main(argv: list[str] | None = None) -> list[dict]:
+def main(argv: list[str] | None = None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["serve"]:  # m09's server over this engine: --quantization, --kv-cache-dtype (vLLM's flags)
+        from milestones.m09_server.__main__ import main as server_main
+
+        return server_main(argv, milestone="milestones.m13_quantization")
     parser = demo_parser("m13: weights in int8/int4 and K/V in FP8 against the unquantized engine: bytes, the "
-                         "batch-1 step, the logit error.", prog="python -m milestones.m13_quantization")
+                         "batch-1 step, the logit error. `serve --help` for the server.",
+                         prog="python -m milestones.m13_quantization")
     parser.add_argument("--modes", type=mode_list, default="int8,int4,fp8-kv",
                         help=f"comma-separated modes to compare with the unquantized engine ({', '.join(MODES)})")
     parser.add_argument("--num-prompts", type=positive_int, default=4, help="prompts for the logit comparison")
