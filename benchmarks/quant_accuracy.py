@@ -13,7 +13,8 @@ accuracy.py``): relative RMS error of the centred logits, KL(reference || mode),
 float32 against the bf16 one: what bf16 rounding alone moves (``--no-float32`` leaves it out).
 
 Prompts: for a checkpoint (real weights) a fixed set of English sentences, tokenized; for a preset (random
-weights, whose text means nothing) seeded random token ids. JSON: ``benchmarks/results/<gpu>/m13_accuracy[+<model>].json``.
+weights, whose text means nothing) seeded random token ids.
+JSON: ``benchmarks/results/<gpu>/m13_accuracy[+<model>].json``.
 """
 
 from __future__ import annotations

@@ -144,7 +144,8 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 def _write(result: dict, args: argparse.Namespace) -> dict:
-    path = Path(args.out) if args.out else Path("benchmarks/results") / result["env"]["gpu_slug"] / "m13_step_times.json"
+    default = Path("benchmarks/results") / result["env"]["gpu_slug"] / "m13_step_times.json"
+    path = Path(args.out) if args.out else default
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=1, default=str) + "\n")
     print(f"-> {path}", flush=True)

@@ -18,9 +18,9 @@ What these cannot say: whether answers got worse. Random weights give nearly fla
 logits have a standard deviation of about ``0.02 * sqrt(hidden_size)`` (0.64 for Qwen3-0.6B's shape, 1.28 for
 8B's) over 151,936 tokens, and the top two of that many draws lie about a fifth of that apart (arithmetic), so
 a small error flips top-1 choices that a trained model, with a clear favourite, would keep. And trained weights
-have outlier channels that random ones lack, which per-row int8 and 128-wide int4 groups absorb differently. Task quality needs real
-weights and real evaluations (perplexity on text, benchmarks); ``benchmarks/quant_accuracy.py --model
-Qwen/Qwen3-0.6B`` runs this same comparison on real weights.
+have outlier channels that random ones lack, which per-row int8 and 128-wide int4 groups absorb differently.
+Task quality needs real weights and real evaluations (perplexity on text, benchmarks);
+``benchmarks/quant_accuracy.py --model Qwen/Qwen3-0.6B`` runs this same comparison on real weights.
 """
 
 from __future__ import annotations

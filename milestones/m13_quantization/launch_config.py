@@ -38,7 +38,9 @@ class QuantMatmulConfig:
     (loads of ``num_stages - 1`` later steps in flight while one is computed). ``group_m``: ``dot`` visits
     tiles in groups of this many row blocks so that a weight tile is reused from L2. ``magic``: ``gemv`` turns
     integers into floats by writing them into a float's mantissa (an OR and a subtraction, full-rate ALU work)
-    instead of int-to-float conversions, which run at a quarter of that rate or less.
+    instead of int-to-float conversions, which run at a quarter of that rate or less. ``defer_sum``: ``gemv``
+    keeps a partial sum per element across the loop and reduces across K once at the end (fewer shuffles, more
+    registers: used only where it fits in 64 per thread) instead of a cross-thread reduction in every step.
     ``min_programs_per_sm``: ``gemv`` splits K until the launch has at least this many programs per SM.
     """
 
@@ -50,6 +52,7 @@ class QuantMatmulConfig:
     num_stages: int = 3
     group_m: int = 8
     magic: bool = True
+    defer_sum: bool = True
     min_programs_per_sm: int = 1
 
     def __post_init__(self) -> None:
@@ -71,8 +74,9 @@ def regime(m: int) -> str:
 
 
 # One configuration per method and regime: the design defaults until benchmarks/quant_bench.py has measured them
-# on the H200 (pending H200 run). gemv: 16 rows x 256 (int8) or 512 (int4) inputs per step: 4 KB of int8 / int4
-# per step and program, 16-byte loads along K, 2-3 steps in flight.
+# on the H200 (pending H200 run). gemv: 16 rows x 256 inputs per step (4 KB of int8, 2 KB of int4 per program),
+# 16-byte loads along K; compiled for sm_90 at batch 1 it takes 92 (int8) and 96 (int4) registers per thread:
+# 5 programs of 4 warps per SM (tests/compile_m13_for_gpu.py --registers).
 LAUNCH_TABLE: dict[str, dict[str, QuantMatmulConfig]] = {
     "int8": {
         "gemv": QuantMatmulConfig("gemv", block_n=16, block_k=256, num_warps=4, num_stages=3),
@@ -80,7 +84,7 @@ LAUNCH_TABLE: dict[str, dict[str, QuantMatmulConfig]] = {
         "large": QuantMatmulConfig("dot", block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=3),
     },
     "int4": {
-        "gemv": QuantMatmulConfig("gemv", block_n=16, block_k=512, num_warps=4, num_stages=3),
+        "gemv": QuantMatmulConfig("gemv", block_n=16, block_k=256, num_warps=4, num_stages=3),
         "small": QuantMatmulConfig("dot", block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=4),
         "large": QuantMatmulConfig("dot", block_m=64, block_n=128, block_k=128, num_warps=4, num_stages=3),
     },
@@ -98,6 +102,8 @@ CANDIDATES: dict[str, dict[str, QuantMatmulConfig]] = {
                                                     magic=False),
         "n16-k256-w4-s3 4/SM": QuantMatmulConfig("gemv", block_n=16, block_k=256, num_warps=4, num_stages=3,
                                                    min_programs_per_sm=4),
+        "n16-k256-w4-s3 sum per step": QuantMatmulConfig("gemv", block_n=16, block_k=256, num_warps=4,
+                                                         num_stages=3, defer_sum=False),
     },
     "small": {
         "m16-n64-k128-w4-s4": QuantMatmulConfig("dot", block_m=16, block_n=64, block_k=128, num_warps=4,

@@ -50,6 +50,7 @@ from .quantize import GROUP_SIZE, QUANTIZATION_METHODS
 ACTIVATION_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 DEQUANT_SCRATCH_BYTES = 64 * 2**20  # the dequant path unpacks at most this many bytes of W at a time
 MAX_SPLIT_K = 64  # slices of K a caller may ask for (the heuristic stays at launch_config.MAX_SPLIT_K)
+MAX_DEFERRED_PER_THREAD = 64  # gemv: float32 partial sums a thread may carry across the loop (DEFER_SUM)
 
 
 @triton.jit
@@ -70,9 +71,14 @@ def _quantized_gemv_kernel(
     M, N, K, k_per_split,
     stride_xm, stride_wn, stride_sn, stride_om,
     INT4: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP: tl.constexpr, MAGIC: tl.constexpr, ATOMIC: tl.constexpr,
+    GROUP: tl.constexpr, MAGIC: tl.constexpr, ATOMIC: tl.constexpr, EVEN: tl.constexpr, DEFER_SUM: tl.constexpr,
 ):
-    """One program: output rows [pid_n * BLOCK_N, +BLOCK_N) for all M rows of x, over its slice of K."""
+    """One program: output rows [pid_n * BLOCK_N, +BLOCK_N) for all M rows of x, over its slice of K.
+
+    ``EVEN``: N and every K slice are whole tiles, so the weight loads need no mask (a mask that changes along K
+    would keep them from being 16-byte vector loads). ``DEFER_SUM``: the products accumulate elementwise over the
+    loop and are summed across K once at the end, instead of a cross-thread reduction in every step (when the
+    accumulator fits in a few registers per thread: batch 1)."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     rows = tl.arange(0, BLOCK_M)
@@ -87,37 +93,59 @@ def _quantized_gemv_kernel(
         GROUPS: tl.constexpr = BLOCK_K // GROUP  # groups per loop step
         g = tl.arange(0, GROUPS)
         j = tl.arange(0, HALF)
+        if DEFER_SUM:
+            partial = tl.zeros([BLOCK_M, BLOCK_N, GROUPS, HALF], tl.float32)
         for k0 in range(k_start, k_end, BLOCK_K):
-            group_ok = k0 + g * GROUP < k_end  # K is a multiple of GROUP: whole groups are in or out
             byte = k0 // 2 + g[:, None] * HALF + j[None, :]  # [GROUPS, HALF]: contiguous along the row
-            b = tl.load(w_ptr + cols[:, None, None] * stride_wn + byte[None, :, :],
-                        mask=col_ok[:, None, None] & group_ok[None, :, None], other=0).to(tl.int32)
-            lo, hi = _unpack_int4(b, MAGIC)  # [BLOCK_N, GROUPS, HALF]
+            w_ptrs = w_ptr + cols[:, None, None] * stride_wn + byte[None, :, :]
+            s_ptrs = s_ptr + cols[:, None] * stride_sn + (k0 // GROUP + g)[None, :]
             k_lo = k0 + g[:, None] * GROUP + j[None, :]  # the inputs the low nibbles multiply; high: + HALF
-            x_mask = row_ok[:, None, None] & group_ok[None, :, None]
+            if EVEN:
+                b = tl.load(w_ptrs).to(tl.int32)
+                scale = tl.load(s_ptrs)  # [BLOCK_N, GROUPS]
+                x_mask = row_ok[:, None, None]
+            else:
+                group_ok = k0 + g * GROUP < k_end  # K is a multiple of GROUP: whole groups are in or out
+                b = tl.load(w_ptrs, mask=col_ok[:, None, None] & group_ok[None, :, None], other=0).to(tl.int32)
+                scale = tl.load(s_ptrs, mask=col_ok[:, None] & group_ok[None, :], other=0.0)
+                x_mask = row_ok[:, None, None] & group_ok[None, :, None]
+            lo, hi = _unpack_int4(b, MAGIC)  # [BLOCK_N, GROUPS, HALF]
             x_lo = tl.load(x_ptr + rows[:, None, None] * stride_xm + k_lo[None, :, :], mask=x_mask,
                            other=0.0).to(tl.float32)  # [BLOCK_M, GROUPS, HALF]
             x_hi = tl.load(x_ptr + rows[:, None, None] * stride_xm + (k_lo + HALF)[None, :, :], mask=x_mask,
                            other=0.0).to(tl.float32)
-            per_group = tl.sum(x_lo[:, None, :, :] * lo[None, :, :, :] + x_hi[:, None, :, :] * hi[None, :, :, :],
-                               axis=3)  # [BLOCK_M, BLOCK_N, GROUPS]
-            scale = tl.load(s_ptr + cols[:, None] * stride_sn + (k0 // GROUP + g)[None, :],
-                            mask=col_ok[:, None] & group_ok[None, :], other=0.0)  # [BLOCK_N, GROUPS]
-            acc += tl.sum(per_group * scale[None, :, :], axis=2)
+            products = x_lo[:, None, :, :] * lo[None, :, :, :] + x_hi[:, None, :, :] * hi[None, :, :, :]
+            if DEFER_SUM:
+                partial += products * scale[None, :, :, None]
+            else:
+                acc += tl.sum(tl.sum(products, axis=3) * scale[None, :, :], axis=2)
+        if DEFER_SUM:
+            acc = tl.sum(tl.sum(partial, axis=3), axis=2)
     else:
         ks = tl.arange(0, BLOCK_K)
+        if DEFER_SUM:
+            partial = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], tl.float32)
         for k0 in range(k_start, k_end, BLOCK_K):
-            k_ok = k0 + ks < k_end
-            q = tl.load(w_ptr + cols[:, None] * stride_wn + (k0 + ks)[None, :],
-                        mask=col_ok[:, None] & k_ok[None, :], other=0)  # int8 [BLOCK_N, BLOCK_K]
+            w_ptrs = w_ptr + cols[:, None] * stride_wn + (k0 + ks)[None, :]
+            x_ptrs = x_ptr + rows[:, None] * stride_xm + (k0 + ks)[None, :]
+            if EVEN:
+                q = tl.load(w_ptrs)  # int8 [BLOCK_N, BLOCK_K]
+                x = tl.load(x_ptrs, mask=row_ok[:, None], other=0.0).to(tl.float32)  # [BLOCK_M, BLOCK_K]
+            else:
+                k_ok = k0 + ks < k_end
+                q = tl.load(w_ptrs, mask=col_ok[:, None] & k_ok[None, :], other=0)
+                x = tl.load(x_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32)
             if MAGIC:
                 u = (q.to(tl.int32) & 0xFF) ^ 0x80  # q + 128, in 0..255
                 w = (u | 0x4B000000).to(tl.float32, bitcast=True) - (8388608.0 + 128.0)
             else:
                 w = q.to(tl.float32)
-            x = tl.load(x_ptr + rows[:, None] * stride_xm + (k0 + ks)[None, :],
-                        mask=row_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32)  # [BLOCK_M, BLOCK_K]
-            acc += tl.sum(x[:, None, :] * w[None, :, :], axis=2)
+            if DEFER_SUM:
+                partial += x[:, None, :] * w[None, :, :]
+            else:
+                acc += tl.sum(x[:, None, :] * w[None, :, :], axis=2)
+        if DEFER_SUM:
+            acc = tl.sum(partial, axis=2)
         acc = acc * tl.load(s_ptr + cols, mask=col_ok, other=0.0)[None, :]
     out = out_ptr + rows[:, None] * stride_om + cols[None, :]
     mask = row_ok[:, None] & col_ok[None, :]
@@ -133,9 +161,10 @@ def _quantized_dot_kernel(
     M, N, K,
     stride_xm, stride_wn, stride_sn, stride_om,
     INT4: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP: tl.constexpr, GROUP_M: tl.constexpr, DOT_FP32: tl.constexpr, IEEE: tl.constexpr,
+    GROUP: tl.constexpr, GROUP_M: tl.constexpr, DOT_FP32: tl.constexpr, IEEE: tl.constexpr, EVEN_K: tl.constexpr,
 ):
-    """One program: the ``[BLOCK_M, BLOCK_N]`` tile of the output; W's tile unpacked and fed to ``tl.dot``."""
+    """One program: the ``[BLOCK_M, BLOCK_N]`` tile of the output; W's tile unpacked and fed to ``tl.dot``.
+    ``EVEN_K``: K is whole tiles, so int8's loads need no mask along K."""
     pid = tl.program_id(0)
     num_m = tl.cdiv(M, BLOCK_M)
     num_n = tl.cdiv(N, BLOCK_N)
@@ -182,11 +211,15 @@ def _quantized_dot_kernel(
     else:
         ks = tl.arange(0, BLOCK_K)
         for k0 in range(0, K, BLOCK_K):
-            k_ok = k0 + ks < K
-            q = tl.load(w_ptr + cols[:, None] * stride_wn + (k0 + ks)[None, :],
-                        mask=col_ok[:, None] & k_ok[None, :], other=0)
-            x = tl.load(x_ptr + rows[:, None] * stride_xm + (k0 + ks)[None, :],
-                        mask=row_ok[:, None] & k_ok[None, :], other=0.0).to(compute_dtype)
+            w_ptrs = w_ptr + cols[:, None] * stride_wn + (k0 + ks)[None, :]
+            x_ptrs = x_ptr + rows[:, None] * stride_xm + (k0 + ks)[None, :]
+            if EVEN_K:
+                q = tl.load(w_ptrs, mask=col_ok[:, None], other=0)
+                x = tl.load(x_ptrs, mask=row_ok[:, None], other=0.0).to(compute_dtype)
+            else:
+                k_ok = k0 + ks < K
+                q = tl.load(w_ptrs, mask=col_ok[:, None] & k_ok[None, :], other=0)
+                x = tl.load(x_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0).to(compute_dtype)
             if IEEE:
                 acc = tl.dot(x, tl.trans(q.to(compute_dtype)), acc, input_precision="ieee")
             else:
@@ -314,11 +347,15 @@ def _gemv(x, qweight, scales, m, n, k, int4, config, split_k) -> torch.Tensor:
     split_k = -(-k // k_per_split)  # slices that hold at least one step of K
     atomic = split_k > 1
     out = torch.zeros((m, n), dtype=torch.float32, device=x.device) if atomic else x.new_empty((m, n))
+    even = n % config.block_n == 0 and k % config.block_k == 0 and k_per_split % config.block_k == 0
+    per_thread = block_m * config.block_n * config.block_k // (32 * config.num_warps)  # a deferred sum's registers
     _quantized_gemv_kernel[(triton.cdiv(n, config.block_n), split_k)](
         x, qweight, scales, out, m, n, k, k_per_split,
         x.stride(0), qweight.stride(0), scales.stride(0), out.stride(0),
         INT4=int4, BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP=GROUP_SIZE,
-        MAGIC=config.magic, ATOMIC=atomic, num_warps=config.num_warps, num_stages=config.num_stages,
+        MAGIC=config.magic, ATOMIC=atomic, EVEN=even,
+        DEFER_SUM=config.defer_sum and per_thread <= MAX_DEFERRED_PER_THREAD,
+        num_warps=config.num_warps, num_stages=config.num_stages,
     )
     return out.to(x.dtype) if atomic else out
 
@@ -335,7 +372,7 @@ def _dot(x, qweight, scales, m, n, k, int4, config) -> torch.Tensor:
     _quantized_dot_kernel[grid](
         x, qweight, scales, out, m, n, k, x.stride(0), qweight.stride(0), scales.stride(0), out.stride(0),
         INT4=int4, BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=block_k, GROUP=GROUP_SIZE,
-        GROUP_M=config.group_m, DOT_FP32=_dot_fp32(x.dtype), IEEE=x.dtype == torch.float32,
+        GROUP_M=config.group_m, DOT_FP32=_dot_fp32(x.dtype), IEEE=x.dtype == torch.float32, EVEN_K=k % block_k == 0,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
     return out
