@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import sys
 
-
 from milestones.m01_naive_loop.demo import (Case, check_cases, demo_parser, engine_config, exit_on_bad_input,
                                             measure, parse_args, positive_float, positive_int, print_speedup,
                                             print_table, random_prompts)
