@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # m13 on CUDA, in parts (each under its own timeout; name the parts to run, default: tests bench):
 #   tests     tests/test_m13_quantization.py compiled for the GPU (Qwen3-8B's layer shapes, every candidate)  ~1.5 min
-#   bench     python -m benchmarks.quant_bench: every candidate at Qwen3-8B's shapes, batch 1-256          < 3 min
+#   bench     python -m benchmarks.quant_bench: every candidate at Qwen3-8B's shapes, batch 1-2048         < 3 min
 #   step      python -m benchmarks.quant_step --gate: the batch-1/4/16 decode step on qwen3-8b-random          ~4 min
 #   accuracy  python -m benchmarks.quant_accuracy on qwen3-0.6b-random and qwen3-8b-random                ~4 min
 #   OUT=/some/dir bash benchmarks/gpu_quant_checks.sh tests bench     # -> $OUT/quant.tgz (logs and JSON)

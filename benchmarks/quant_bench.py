@@ -1,6 +1,6 @@
 """Microbenchmark: m13's quantized matmuls against bf16 ``F.linear`` at Qwen3-8B's layer shapes, every candidate.
 
-    python -m benchmarks.quant_bench                 # H200: 5 shapes x batch 1,4,16,64,256 x every candidate, ~2.5 min
+    python -m benchmarks.quant_bench                 # H200: 5 shapes x batch 1-2048 x every candidate, < 3 min
     python -m benchmarks.quant_bench --quick         # the launch table only, ~1 min
     python -m benchmarks.quant_bench --device cpu --shapes 64x256 --batches 1,16 --quick   # interpreter smoke test
 
@@ -9,7 +9,8 @@ qkv_proj 6144x4096, o_proj 4096x4096, gate_up_proj 24576x4096, down_proj 4096x12
 bf16 the weight is a bf16 matrix and the product ``F.linear`` (cuBLAS); for int8 and int4 it is quantized as
 m13 stores it and the product ``quantized_matmul`` with each candidate configuration of
 ``milestones/m13_quantization/launch_config.CANDIDATES`` that applies to the batch size (gemv at 1 and 4,
-small tiles at 4 and 16, large tiles and dequant + cuBLAS at 64 and 256).
+small tiles at 4 and 16, large tiles and dequant + cuBLAS at 64 and 256, and at 2,048: a prompt chunk).
+Batch sizes run in that order, smallest first, until ``--budget-s`` is spent (what is left is listed as skipped).
 
 **What is timed** (``benchmarks/kernel_timing.py``, as ``kernel_bench.py``): GPU time per call from a CUDA graph
 of many calls, the calls rotating over copies of the weight that hold at least 4x the L2 cache, so each call
@@ -51,8 +52,8 @@ QWEN3_8B_SHAPES = {  # name -> (N, K), after m10's packing
     "lm_head": (151936, 4096),
 }
 NUM_LAYERS = 36
-BATCHES = (1, 4, 16, 64, 256)
-CANDIDATE_BATCHES = {"gemv": (1, 4), "small": (4, 16), "large": (64, 256)}  # where each regime's candidates run
+BATCHES = (1, 4, 16, 64, 256, 2048)
+CANDIDATE_BATCHES = {"gemv": (1, 4), "small": (4, 16), "large": (64, 256), "prefill": (2048,)}  # where each runs
 TOLERANCE = 2e-2  # max |out - reference| / max |reference|, reference: bf16 F.linear on the dequantized weight
 L2_MULTIPLE = 4
 MAX_COPIES = 64
@@ -151,7 +152,7 @@ def recommend(rows: list[dict]) -> dict:
     table = {}
     for method in ("int8", "int4"):
         table[method] = {}
-        for kind in ("gemv", "small", "large"):
+        for kind in ("gemv", "small", "large", "prefill"):
             cells = {(r["shape"], r["m"]) for r in rows if r["method"] == method and regime(r["m"]) == kind}
             scores = {}
             for name in {r["config_name"] for r in rows if r["method"] == method}:
@@ -223,7 +224,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.quant_bench", description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="the launch table's configuration only")
     parser.add_argument("--shapes", type=parse_shapes, default=None, help="NxK,... (default: Qwen3-8B's five)")
-    parser.add_argument("--batches", type=parse_ints, default=BATCHES, help="rows of x (default 1,4,16,64,256)")
+    parser.add_argument("--batches", type=parse_ints, default=BATCHES, help="rows of x (default 1,4,16,64,256,2048)")
     parser.add_argument("--budget-s", type=float, default=150.0, help="stop starting new cases after this long")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--replays", type=int, default=None, help="graph replays per GPU time (default 7)")

@@ -103,7 +103,8 @@ def test_quantized_linear_module_matches_its_dequantized_weight():
 
 
 def test_regimes_and_split_k_for_qwen3_8b_shapes():
-    assert [regime(m) for m in (1, 4, 5, 32, 33, 4096)] == ["gemv", "gemv", "small", "small", "large", "large"]
+    assert [regime(m) for m in (1, 4, 5, 32, 33, 512, 513)] == ["gemv", "gemv", "small", "small", "large", "large",
+                                                                "prefill"]
     gemv = LAUNCH_TABLE["int4"]["gemv"]
     for n, k in ((6144, 4096), (4096, 4096), (24576, 4096), (4096, 12288), (151936, 4096)):
         assert choose_split_k(1, n, k, 132, gemv) == 1  # N / block_n programs already cover 132 SMs

@@ -1,6 +1,6 @@
 """How a quantized matmul is launched: one configuration per regime of the token count ``M``.
 
-``out[M, N] = x[M, K] @ W[N, K]^T`` with ``W`` quantized. Three regimes, decided from ``M`` alone (a Python int,
+``out[M, N] = x[M, K] @ W[N, K]^T`` with ``W`` quantized. Four regimes, decided from ``M`` alone (a Python int,
 so a captured CUDA graph always replays the launch it recorded):
 
     gemv    M <= GEMV_MAX_M (decode at batch 1-4)   every weight byte is used by only M rows: pure streaming.
@@ -9,8 +9,10 @@ so a captured CUDA graph always replays the launch it recorded):
             16x the multiplies on padding).
     small   M <= SMALL_MAX_M (decode at batch 5-32)  a tile of M rows (padded to 16) on the tensor cores:
             the weight tile is unpacked to bf16 in registers and fed to ``tl.dot``.
-    large   M > SMALL_MAX_M (large batches, prompt chunks)  the same kernel with larger tiles, or ``dequant``:
+    large   M <= LARGE_MAX_M (decode at batch 33-512)  the same kernel with larger tiles, or ``dequant``:
             unpack the weight into a bf16 scratch, a slice of rows at a time, and let cuBLAS do the product.
+    prefill M > LARGE_MAX_M (prompt chunks)  the same choice where the product is thousands of rows: there the
+            unpacking is amortised over every row, and cuBLAS may win (the microbenchmark decides).
 
 Each regime holds a ``QuantMatmulConfig`` per method (``LAUNCH_TABLE``). ``python -m benchmarks.quant_bench`` on
 a GPU times every candidate of ``CANDIDATES`` at Qwen3-8B's layer shapes and prints the table its measurements
@@ -24,6 +26,7 @@ from dataclasses import dataclass
 KERNELS = ("gemv", "dot", "dequant")
 GEMV_MAX_M = 4
 SMALL_MAX_M = 32
+LARGE_MAX_M = 512
 MAX_SPLIT_K = 16
 
 
@@ -70,7 +73,9 @@ class QuantMatmulConfig:
 
 
 def regime(m: int) -> str:
-    return "gemv" if m <= GEMV_MAX_M else "small" if m <= SMALL_MAX_M else "large"
+    if m <= GEMV_MAX_M:
+        return "gemv"
+    return "small" if m <= SMALL_MAX_M else "large" if m <= LARGE_MAX_M else "prefill"
 
 
 # One configuration per method and regime: the design defaults until benchmarks/quant_bench.py has measured them
@@ -82,12 +87,27 @@ LAUNCH_TABLE: dict[str, dict[str, QuantMatmulConfig]] = {
         "gemv": QuantMatmulConfig("gemv", block_n=16, block_k=256, num_warps=4, num_stages=3),
         "small": QuantMatmulConfig("dot", block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=4),
         "large": QuantMatmulConfig("dot", block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=3),
+        "prefill": QuantMatmulConfig("dot", block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=3),
     },
     "int4": {
         "gemv": QuantMatmulConfig("gemv", block_n=16, block_k=256, num_warps=4, num_stages=3),
         "small": QuantMatmulConfig("dot", block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=4),
         "large": QuantMatmulConfig("dot", block_m=64, block_n=128, block_k=128, num_warps=4, num_stages=3),
+        "prefill": QuantMatmulConfig("dot", block_m=64, block_n=128, block_k=128, num_warps=4, num_stages=3),
     },
+}
+
+# The candidates of the two regimes with many rows (large batches, prompt chunks).
+LARGE_CANDIDATES: dict[str, QuantMatmulConfig] = {
+    "m64-n128-k128-w4-s3": QuantMatmulConfig("dot", block_m=64, block_n=128, block_k=128, num_warps=4,
+                                             num_stages=3),
+    "m128-n128-k64-w8-s3": QuantMatmulConfig("dot", block_m=128, block_n=128, block_k=64, num_warps=8,
+                                             num_stages=3),
+    "m128-n128-k128-w8-s3": QuantMatmulConfig("dot", block_m=128, block_n=128, block_k=128, num_warps=8,
+                                              num_stages=3),
+    "m128-n64-k128-w4-s4": QuantMatmulConfig("dot", block_m=128, block_n=64, block_k=128, num_warps=4,
+                                             num_stages=4),
+    "dequant + cuBLAS": QuantMatmulConfig("dequant", block_n=64, block_k=256, num_warps=4, num_stages=2),
 }
 
 # What benchmarks/quant_bench.py times: every candidate in its regime, for both methods (int4 needs block_k a
@@ -115,17 +135,8 @@ CANDIDATES: dict[str, dict[str, QuantMatmulConfig]] = {
         "m32-n64-k128-w4-s4": QuantMatmulConfig("dot", block_m=32, block_n=64, block_k=128, num_warps=4,
                                                 num_stages=4),
     },
-    "large": {
-        "m64-n128-k128-w4-s3": QuantMatmulConfig("dot", block_m=64, block_n=128, block_k=128, num_warps=4,
-                                                 num_stages=3),
-        "m128-n128-k64-w8-s3": QuantMatmulConfig("dot", block_m=128, block_n=128, block_k=64, num_warps=8,
-                                                 num_stages=3),
-        "m128-n128-k128-w8-s3": QuantMatmulConfig("dot", block_m=128, block_n=128, block_k=128, num_warps=8,
-                                                  num_stages=3),
-        "m128-n64-k128-w4-s4": QuantMatmulConfig("dot", block_m=128, block_n=64, block_k=128, num_warps=4,
-                                                 num_stages=4),
-        "dequant + cuBLAS": QuantMatmulConfig("dequant", block_n=64, block_k=256, num_warps=4, num_stages=2),
-    },
+    "large": LARGE_CANDIDATES,
+    "prefill": LARGE_CANDIDATES,  # the same candidates, timed at prompt-chunk sizes
 }
 
 
