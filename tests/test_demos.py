@@ -100,7 +100,7 @@ def test_m13_demo_shows_bytes_and_the_logit_error_of_each_mode(capsys, small_mod
     out = capsys.readouterr().out
     assert "K/V bytes per token" in out and "rel. RMS error" in out and "top-1 agreement" in out
     assert "greedy tokens identical to the unquantized engine's: int8" in out
-    assert [row["label"] for row in rows] == ["m10_cuda_graphs (float32)", "m13 int8", "m13 fp8-kv"]
+    assert [row["label"] for row in rows][1:] == ["m13 int8", "m13 fp8-kv"] and rows[0]["label"].endswith("(float32)")
     assert all(float(row["rel. RMS error"]) > 0 for row in rows[1:])  # lossy: the logits moved, a little
     assert rows[0]["output tokens"] == rows[1]["output tokens"] == 3
 

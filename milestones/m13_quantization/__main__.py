@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None):
         prompts = random_prompts(previous.vocab_size, args.num_prompts, args.prompt_len, args.prompt_len, args.seed)
         single = prompts[:1]
         params = SamplingParams(max_tokens=args.step_tokens, ignore_eos=True)
-        base_label = f"m10_cuda_graphs ({str(previous.dtype).removeprefix('torch.')})"
+        base_label = f"{previous.milestone} ({str(previous.dtype).removeprefix('torch.')})"
         cases = [Case(base_label, previous, single, params)]
         cases += [Case(f"m13 {mode}", engines[mode], single, params) for mode in modes]
         check_cases(cases)
