@@ -1,23 +1,14 @@
 """transformers as the yardstick: ``generate`` on static batches (``hf-static``) and its continuous batching
-manager (``hf-cb``), on exactly our weights. (``hf-compiled``, in ``hf_compiled.py``, is hf-static with a
-static K/V cache and compiled decoding steps.)
+manager (``hf-cb``), on exactly our weights (``hf-compiled``, in ``hf_compiled.py``, adds a static cache and
+compiled decoding steps).
 
-Both use ``transformers.Qwen3ForCausalLM`` built from our preset's config with ``attn_implementation="sdpa"``,
-with the weights copied from our own engine's model (same seed, same values), in the same dtype.
-
-**hf-static** mimics what a naive server does: batches of ``max_num_seqs`` (64) requests in request order, left
-padding to the longest prompt of the batch, ``max_new_tokens`` = the longest output asked for in the batch, no
-EOS stop. Each request is credited only its own requested output tokens (the first ``max_tokens`` of its row);
-every other position computed counts in ``padding_tokens``. Per-token times come from a stopping criterion
-that records the time after each decoding step.
-
-**hf-cb** uses transformers' continuous batching (paged K/V cache, a background generation thread). The manager
-API (``init_continuous_batching`` -> ``add_request(..., max_new_tokens=...)`` -> ``get_result``) is the same in
-transformers 5.17 and 5.24 and takes a per-request ``max_new_tokens``; version differences are guarded
-(``ContinuousBatchingConfig`` fields such as ``auto_switch_to_flash`` exist only in newer versions, ``warmup``
-and ``workload_hints`` are used only where present). Where the manager API is missing entirely, the
-runner falls back to ``generate_batch`` with one shared ``max_new_tokens`` (the longest asked for) and keeps
-each request's first ``max_tokens`` tokens; the result's config then says ``per_request_max_new_tokens: false``.
+Both build ``transformers.Qwen3ForCausalLM`` from our preset's config (``attn_implementation="sdpa"``) with the
+weights copied from our own engine's model, in the same dtype. **hf-static** runs batches of ``max_num_seqs``
+requests in request order, left-padded, each for its batch's longest output, EOS ignored; each request is
+credited its own first ``max_tokens`` tokens, and a stopping criterion notes the time after every step.
+**hf-cb** submits every request to the manager (``init_continuous_batching`` -> ``add_request`` ->
+``get_result``) with its own ``max_new_tokens``; version differences of transformers 5.x are guarded. The full
+account: docs/benchmarks.md, "The engines".
 """
 
 from __future__ import annotations
@@ -254,7 +245,11 @@ class HFContinuousBatchingRunner(_BaselineRunner):
                                                   workload.requests), pad_token_id=PAD_ID)
         self.generation_config.eos_token_id = None  # the manager turns this into -1: no EOS
         self.manager = None
-        self.api = "manager" if hasattr(self.model, "init_continuous_batching") else "generate_batch"
+        if not hasattr(self.model, "init_continuous_batching"):
+            import transformers
+
+            raise RuntimeError(f"hf-cb needs transformers' continuous batching manager (init_continuous_batching), "
+                               f"which transformers {transformers.__version__} lacks")
         self.cb_config = self._cb_config()
 
     def _cb_config(self):
@@ -292,11 +287,9 @@ class HFContinuousBatchingRunner(_BaselineRunner):
             cb = self.manager.continuous_batching_config  # resolved: num_blocks, max_batch_tokens ...
         elif self.cb_config is not None:
             cb = self.cb_config
-        return {**self._base_knobs(), "api": self.api, "per_request_max_new_tokens": self.api == "manager",
+        return {**self._base_knobs(), "api": "manager", "per_request_max_new_tokens": True,
                 "eos": "ignored", "continuous_batching_config": cb,
                 "attn_implementation_during_run": getattr(self, "_attn_during_run", None)}
-
-    # -- manager API (transformers 5.x)
 
     def _start(self) -> None:
         from transformers.generation.continuous_batching.utils import WorkloadHints
@@ -348,45 +341,18 @@ class HFContinuousBatchingRunner(_BaselineRunner):
             outputs.append(_output(rid, spec, list(r.generated_tokens)[:spec.max_tokens], start, times))
         return outputs, wall
 
-    # -- generate_batch fallback (older transformers)
-
-    def _run_generate_batch(self, requests: list[RequestSpec]) -> tuple[list[RequestOutput], float]:
-        from transformers import GenerationConfig
-
-        config = GenerationConfig(do_sample=False, max_new_tokens=max(r.max_tokens for r in requests),
-                                  pad_token_id=PAD_ID)
-        config.eos_token_id = None
-        kwargs = _filter_kwargs(self.model.generate_batch, {"generation_config": config, "record_timestamps": True,
-                                                             "progress_bar": False})
-        sync(self.device)
-        start = time.perf_counter()
-        results = self.model.generate_batch([list(r.prompt_token_ids) for r in requests], **kwargs)
-        sync(self.device)
-        wall = time.perf_counter() - start
-        outputs = []
-        for (rid, r), spec in zip(results.items(), requests):
-            times = list(getattr(r, "timestamps", None) or [])
-            outputs.append(_output(rid, spec, list(r.generated_tokens)[:spec.max_tokens], start, times))
-        return outputs, wall
-
     def warmup(self) -> None:
-        if self.api == "manager":
-            self._start()
-            self._run_requests(warmup_requests(), "warmup")
-        else:
-            self._run_generate_batch(warmup_requests())
+        self._start()
+        self._run_requests(warmup_requests(), "warmup")
 
     def run_phase(self, phase: Phase, use_tqdm: bool) -> PhaseResult:
         from tqdm.auto import tqdm
 
         requests = list(phase.requests)
-        if self.api == "manager":
-            if self.manager is None:
-                self._start()
-            with tqdm(total=len(requests), desc="hf-cb", unit="req", disable=not use_tqdm) as bar:
-                outputs, wall = self._run_requests(requests, phase.label, bar)
-        else:
-            outputs, wall = self._run_generate_batch(requests)
+        if self.manager is None:
+            self._start()
+        with tqdm(total=len(requests), desc="hf-cb", unit="req", disable=not use_tqdm) as bar:
+            outputs, wall = self._run_requests(requests, phase.label, bar)
         stats = dict(steps=None, tokens_computed=None, padding_tokens=None,
                      prompt_tokens_computed=sum(r.prompt_len for r in requests),
                      kv_reserved_peak_bytes=self._kv_reserved(), kv_used_peak_bytes=None, useful_token_fraction=None)

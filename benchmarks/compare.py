@@ -162,6 +162,30 @@ def summarize_ratios(ratios: list[float]) -> dict | None:
     return {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios), "n": len(ratios)}
 
 
+def comparison_ratios(results: Sequence[dict]) -> list[dict]:
+    """Each comparison among ``results``: its id, workload, members, reference and residency, and ``ratios``:
+    every member against the reference on every ratio metric, ``{numerator, denominator, metric, median, min,
+    max, n}`` over the pairs of repeats (what a call record and the call's summary hold)."""
+    groups: dict[str, dict[str, dict]] = {}
+    for r in results:
+        if r.get("comparison") and r.get("repeats"):
+            groups.setdefault(r["comparison"]["id"], {})[r["comparison"]["label"]] = r
+    summaries = []
+    for runs in groups.values():
+        info = next(iter(runs.values()))["comparison"]
+        summary = {k: info[k] for k in ("id", "workload", "members", "reference", "residency")}
+        summary["ratios"] = []
+        reference = runs.get(info["reference"])
+        for label in info["members"][1:] if reference is not None else ():
+            for metric in info.get("ratio_metrics") or ["metrics.output_tokens_per_s"]:
+                ratio = summarize_ratios(pair_ratios(runs[label], reference, metric)) if label in runs else None
+                if ratio is not None:
+                    summary["ratios"].append({"numerator": label, "denominator": info["reference"], "metric": metric,
+                                              **ratio})
+        summaries.append(summary)
+    return summaries
+
+
 def run_comparison(members: Sequence[Member], workload: Workload, repeats: int = 3, *, model: str, device: str,
                    dtype: str, seed: int = 0, ratio_metrics: Sequence[str] = ("metrics.output_tokens_per_s",),
                    use_tqdm: bool = False, time_limit_s: float | None = None,

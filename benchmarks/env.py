@@ -80,8 +80,8 @@ def git_info() -> dict:
     """Commit and dirty flag (uncommitted or untracked changes under ``SOURCE_PATHS``, results excluded).
 
     ``NANOSERVE_GIT_COMMIT`` (and ``NANOSERVE_GIT_DIRTY=1``), when the caller sets them, win over the local
-    ``.git``: the GPU machine gets a copy of the working tree whose ``.git`` may be stale (seen: a copy whose
-    HEAD was the session's first commit). Without either, they stay null until ``--unpack`` attaches the local
+    ``.git``: the GPU machine gets a copy of the working tree whose ``.git`` may be stale (its HEAD an older
+    commit). Without either, they stay null until ``--unpack`` attaches the local
     commit to results whose ``source_sha256`` matches the local code.
     """
     commit = os.environ.get("NANOSERVE_GIT_COMMIT") or None

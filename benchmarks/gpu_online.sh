@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The server's GPU call (issues 10 and 11): m09 and m10 served one after the other, clients in a process of
+# The server's GPU call: m09 and m10 served one after the other, clients in a process of
 # their own, on `offline` (Poisson rates up to a burst, beside the same engine's offline generate) and on the
 # exact `nanovllm` (a burst of all 256), then the reliability run (512 streams, 10% hanging up) on each.
 # The machine lacks fastapi, uvicorn and the tokenizer: install the carried wheels first (docs/benchmarks.md:

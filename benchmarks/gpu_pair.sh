@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on a two-GPU machine (nvidia-h200-x2): two suite processes side by side, one per GPU.
 #
-#   bash benchmarks/gpu_pair.sh --budget-s 560 pair-a-gpu0 pair-a-gpu1     # sets for GPU 0, then GPU 1
+#   bash benchmarks/gpu_pair.sh --budget-s 560 m04-m06-nanovllm,m03-m06-offline m09-m10   # GPU 0, then GPU 1
 #   bash benchmarks/gpu_pair.sh --budget-s 560 m07-budgets,m06-m08-offline m09-m10
 #
 # Each process sees one GPU (CUDA_VISIBLE_DEVICES), runs its own float32 gate and its own interleaved

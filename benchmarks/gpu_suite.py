@@ -35,7 +35,7 @@ import sys
 import time
 from pathlib import Path
 
-from .compare import Member, pair_ratios, run_comparison, summarize_ratios
+from .compare import Member, comparison_ratios, run_comparison
 from .env import git_info, source_fingerprint
 from .gate import CorrectnessGate, GateItem, gate_failed
 from .harness import DEFAULT_MODEL, result_path, run_benchmark, save_result
@@ -120,7 +120,6 @@ class Suite:
                      "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
         self.gate_records: list[dict] = []
         self.results: list[dict] = []
-        self.slug_dir: Path | None = None
         self.exit_status: int | None = None  # set by run(): 1 if the gate failed or a run did not finish
 
     # -- the clock and the files
@@ -144,7 +143,6 @@ class Suite:
         self.results.append(result)
         if result.get("env") and result["status"] != "skipped":
             path = save_result(result, self.out)
-            self.slug_dir = result_path(result, self.out).parent
             m = result.get("metrics") or {}
             print(f"    {result['name']}: {result['status']} in {result.get('total_time_s', 0):.1f} s"
                   + (f", {m['output_tokens_per_s']:.1f} out tok/s" if m.get("output_tokens_per_s") else "")
@@ -240,7 +238,7 @@ class Suite:
         for i, entry in enumerate(self.entries, 1):
             self.run_entry(i, entry)
         self.meta["total_time_s"] = time.perf_counter() - self.began
-        text = report(self.results, self.gate_records, self.slug_dir)
+        text = report(self.results, self.gate_records)
         print("\n" + text, flush=True)
         self.write(text)
         failed = gate_failed(self.gate_records) or [r for r in self.results if r["status"] not in ("ok", "skipped")]
@@ -288,31 +286,6 @@ def attach_git(result: dict, local: dict | None = None) -> str:
     return f"git {local['git_commit'][:10]}{' + uncommitted changes' if local['git_dirty'] else ''} (from unpack)"
 
 
-def comparison_summaries(results: list[dict]) -> list[dict]:
-    """Each comparison's ratios (member / reference, per metric) as numbers, for the call record."""
-    summaries: dict[str, dict] = {}
-    for r in results:
-        info = r.get("comparison")
-        if info and r.get("repeats"):
-            summaries.setdefault(info["id"], {**{k: info[k] for k in ("id", "workload", "members", "reference",
-                                                                       "residency")}, "runs": {}})
-            summaries[info["id"]]["runs"][info["label"]] = r
-    out = []
-    for s in summaries.values():
-        runs = s.pop("runs")
-        reference = runs.get(s["reference"])
-        s["ratios"] = []
-        for label, run in runs.items():
-            if reference is None or label == s["reference"]:
-                continue
-            for metric in run["comparison"].get("ratio_metrics") or []:
-                ratio = summarize_ratios(pair_ratios(run, reference, metric))
-                if ratio is not None:
-                    s["ratios"].append({"numerator": label, "denominator": s["reference"], "metric": metric, **ratio})
-        out.append(s)
-    return out
-
-
 def replaced_comparison(result: dict, out: Path) -> str | None:
     """The other comparison of the same commit whose per-run file ``result`` is about to overwrite, if any.
 
@@ -358,10 +331,10 @@ def unpack(path: Path, out: Path) -> None:
         call.parent.mkdir(parents=True, exist_ok=True)
         envs = [r["env"] for r in results if r.get("env")]
         record = {"suite": suite, "git_commit": envs[0].get("git_commit") if envs else None,
-                  "gate": gate, "comparisons": comparison_summaries(results)}
+                  "gate": gate, "comparisons": comparison_ratios(results)}
         call.write_text(json.dumps(record, indent=1) + "\n")
         print(f"call record -> {call}")
-    print("\n" + report(results, gate, slug_dir))
+    print("\n" + report(results, gate))
 
 
 def list_sets() -> None:

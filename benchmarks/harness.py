@@ -7,7 +7,7 @@ Steps for every run: check that the engine can run the workload at all (else the
 why), build the runner (``runners.make_runner``), warm it up (a couple of short requests, or whatever the runner
 says it ran: so that compilation, CUDA graph capture and first allocations stay out of the timing), then
 ``measure``: run each phase of the workload, timed, and summarize the ``RequestOutput`` timestamps with
-``milestones.m01_naive_loop.metrics``.
+``milestones.common.latency``.
 ``measure`` is also what an interleaved comparison (``compare.py``) calls once per repeat.
 
 Every result records a hash of the output token ids (``tokens``), so that two engines, two dtypes or two
@@ -30,13 +30,12 @@ from pathlib import Path
 
 import torch
 
-from milestones.m01_naive_loop.metrics import summarize
+from milestones.common.latency import summarize
 from milestones.m01_naive_loop.request import RequestOutput
 
 from .env import environment
 from .runners import (WARMUP_OUTPUT_LEN, WARMUP_PROMPT_LENS, PhaseResult, Runner, WorkloadNotSupported, cannot_run,
                       kv_tokens_needed, make_runner, registered_runners)
-from .runners import resolve_milestone_module  # noqa: F401 - where callers found it before runners.py
 from .workloads import Workload, milestone_key, workload_for
 
 SCHEMA_VERSION = 2

@@ -1,40 +1,11 @@
 """``hf-compiled``: the fastest transformers ``generate`` we can run, the peer that m10's CUDA graphs must beat.
 
-It is ``hf-static`` (static batches of ``max_num_seqs`` requests in request order, left padding to the batch's
-longest prompt, ``max_new_tokens`` = the batch's longest output, each request credited its own first
-``max_tokens`` tokens, the same per-step timestamps) with the two switches transformers documents for fast
-decoding:
-
-* ``cache_implementation="static"``: every row's K/V preallocated at ``max_cache_len`` positions, so that a
-  decoding step sees the same tensor shapes from the first step to the last;
-* **a compiled decoding step**. Once the cache is static, transformers 5.x's ``generate`` compiles the model's
-  forward itself (``get_compiled_call(compile_config)``) and uses it for the decoding steps, while the prefill
-  stays eager, as transformers intends (its ``StaticLayer`` notes that the prefill should never be compiled).
-  We pass ``CompileConfig(mode="reduce-overhead", fullgraph=True, dynamic=False)``: inductor's kernels,
-  replayed as CUDA graphs; a graph break raises instead of silently leaving Python in the step; one graph
-  specialised per batch shape rather than a symbolic-shape one after the first recompile. (Older docs wrap
-  ``model.forward`` in ``torch.compile`` instead; in 5.x that compiles every prefill shape too, and is
-  compiled once more inside generate's own compiled call.)
-
-Shapes and warm-up. Compilation specialises on shapes, and a decoding step has two: the batch's rows and the
-static cache's length. Prompt length and step number are tensor *values* (on the CPU, with these settings,
-neither a new prompt length nor a new output length recompiles). So the runner fixes ``max_cache_len`` once
-for its workload (the most any of its batches needs: the batch's longest prompt plus its longest output), and
-warms up on exactly the shapes it will be timed on: the first batch of every distinct row count among the
-workload's batches (64 on ``offline`` and ``nanovllm``, plus a smaller last batch where the count does not
-divide), run twice, untimed, with outputs capped at ``WARMUP_NEW_TOKENS``. The first call compiles (on an H200,
-an estimated one to two minutes per shape, not yet measured) and records the CUDA graphs; the second is what every timed batch is:
-each ``generate`` builds a new ``StaticCache`` at new addresses, and CUDA graph trees record the step again
-when a static input moves (``mark_static_address`` without a guard), a cost that is transformers' own and
-stays in the timing. The JSON's ``warmup`` holds both calls' times per shape (their difference is roughly the
-compile time) and ``cudagraph_skips`` (graphs inductor would not replay as CUDA graphs: 0 expected on the GPU);
-``metrics.torch_compilations`` counts compilations during timed runs: 0 means the warm-up covered every shape.
-
-Timestamps. As in hf-static, a stopping criterion syncs the device and notes the time after every step. The
-sync runs between graph replays, outside the compiled forward, so it breaks no graph, and it adds no wait:
-transformers' own loop reads ``unfinished_sequences.max() == 0`` on the host after every step (``StopCheck``;
-the deferred check that avoids it is for MPS only, in 5.17 and 5.24 alike), so the host waits for each step
-anyway. TTFT and inter-token latency are therefore measured as for hf-static.
+``hf-static`` (same batches, padding, crediting and per-step timestamps) with ``cache_implementation="static"``
+and the decoding step compiled by ``generate`` itself (``CompileConfig(mode="reduce-overhead", fullgraph=True,
+dynamic=False)``: inductor kernels replayed as CUDA graphs, one graph per batch shape; the prefill stays eager).
+``max_cache_len`` is fixed for the whole workload, and the warm-up runs every batch shape the timed run will
+meet, twice (the first call compiles). Why each choice, and what the JSON records: docs/benchmarks.md, "The
+engines".
 """
 
 from __future__ import annotations

@@ -12,12 +12,13 @@ in a paged pool (16-token blocks, block tables shuffled), 16 query heads on 8 K/
 * ``gather``: m04's ``DecodeAttention``: ``index_select`` every row's keys and values into a dense
   ``[B, S, kv_heads, head_dim]`` copy, then masked SDPA (its K/V store is left out: both paths store alike).
 
-**What is timed** (``benchmarks/kernel_timing.py``). The pool holds several copies of the case (disjoint
-blocks), at least 4x the L2 cache in all, and calls rotate over them, so every call reads its K/V from DRAM.
+**What is timed** (``Timing``). The pool holds several copies of the case (disjoint blocks), at least 4x the L2
+cache in all, and calls rotate over them, so every call reads its K/V from DRAM.
 
-* ``*_ms`` (the headline; the targets are judged on it): GPU time per call, from a CUDA graph of many calls.
-  The issue asks how the two implementations of one attention layer compare, in time, speed-up and GB/s
-  against the copy bandwidth: that is the work each puts on the GPU (the bytes it moves, the kernels it runs),
+* ``*_ms`` (the headline; the targets are judged on it): GPU time per call, from a CUDA graph of many calls
+  (``triton.testing.do_bench_cudagraph``: no Python and no launch between the calls, so no launch cost either).
+  How the two implementations of one attention layer compare, in time, speed-up and GB/s against the copy
+  bandwidth, is the work each puts on the GPU (the bytes it moves, the kernels it runs),
   and only GPU time makes a bandwidth figure mean anything. Python's launch cost belongs to eager execution,
   varies with the host and disappears in m10's CUDA graphs; it is reported beside, not mixed in.
 * ``*_wall_ms``: the same calls issued eagerly back to back, as m08's eager steps issue them (GPU or CPU,
@@ -33,21 +34,27 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import json
 import math
+import statistics
 import sys
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import triton.testing
+from tabulate import tabulate
 
+from milestones.common.demo import positive_int_list
 from milestones.m04_continuous_batching.kv_pool import DecodeAttention
 from milestones.m08_triton_kernel.launch_config import (LAUNCH_TABLE, DecodeKernelConfig, choose_launch,
                                                         choose_num_splits, sm_count)
 from milestones.m08_triton_kernel.paged_decode_kernel import paged_decode_attention
 
 from .env import environment
-from .kernel_timing import Timing, l2_bytes
 
 BATCHES = (1, 16, 64, 256)
 CONTEXTS = (512, 2048, 8192)
@@ -79,6 +86,67 @@ SWEEP_CONFIGS: dict[str, DecodeKernelConfig] = {
 }
 SWEEP_SHAPES = ((1, 512), (1, 2048), (1, 8192), (4, 2048), (16, 2048), (16, 8192), (32, 2048), (64, 2048),
                 (256, 2048))
+
+
+DEFAULT_L2_BYTES = 64 * 2**20  # if this torch cannot say (recent versions report it)
+MIN_EAGER_CALLS = 20  # calls per eager loop on a GPU, at least
+
+
+def l2_bytes(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 0
+    return getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or DEFAULT_L2_BYTES
+
+
+@dataclass
+class EagerTimes:
+    wall_ms: float  # per call, issued back to back: max(GPU, CPU issuing)
+    host_ms: float  # per call, the CPU's time to issue it
+
+
+@dataclass
+class Timing:
+    """A code path is a list of callables, one per copy of its inputs; calls cycle through the copies.
+
+    ``gpu_ms``: GPU time per call, from ``triton.testing.do_bench_cudagraph`` (``rep_ms`` of calls captured in
+    one CUDA graph, the median over its replays): the GPU's own time, each kernel's ramp-up and drain included,
+    free of launch costs. ``eager_ms``: the same calls issued from Python back to back: per call, ``wall`` is
+    whichever was slower, the GPU or the CPU launching (what an eager engine step pays), ``host`` the CPU's
+    time to issue it. Without CUDA (Triton's interpreter) every figure is wall time: only a smoke test.
+    """
+
+    device: torch.device
+    rep_ms: int = 20
+    loops: int = 3
+
+    @property
+    def cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+    def gpu_ms(self, path: list[Callable[[], object]]) -> float:
+        if not self.cuda:
+            path[0]()  # warm-up (first touch of fresh buffers)
+            return statistics.median(self.eager_ms([fn], loops=1).wall_ms for fn in path)
+        calls = itertools.cycle(path)
+        return triton.testing.do_bench_cudagraph(lambda: next(calls)(), rep=self.rep_ms, return_mode="median")
+
+    def eager_ms(self, path: list[Callable[[], object]], loops: int | None = None) -> EagerTimes:
+        n = max(len(path), MIN_EAGER_CALLS) if self.cuda else len(path)
+        walls, hosts = [], []
+        for _ in range(loops or self.loops):
+            if self.cuda:
+                torch.cuda.synchronize(self.device)
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+            begin = time.perf_counter()
+            for i in range(n):
+                path[i % len(path)]()
+            hosts.append((time.perf_counter() - begin) * 1e3 / n)
+            if self.cuda:
+                end.record()
+                end.synchronize()
+            walls.append(start.elapsed_time(end) / n if self.cuda else hosts[-1])
+        return EagerTimes(statistics.median(walls), statistics.median(hosts))
 
 
 def config_name(config: DecodeKernelConfig) -> str:
@@ -191,10 +259,9 @@ def copy_bandwidth_gbs(timing: Timing, nbytes: int) -> float:
     """Device-to-device copy bandwidth (bytes read + written over GPU time); the buffer is far larger than L2.
 
     The copy is an elementwise kernel (``neg`` into another buffer), not ``copy_``: a same-dtype ``copy_`` is a
-    ``cudaMemcpyAsync``, which a CUDA graph may hand to a copy engine instead of the SMs. On the H200 that read
-    2,716 GB/s under graph timing (call B's kernel_bench.json) against 4,250 GB/s for the same copy timed with
-    events around a kernel launch, while the decode kernel itself read at over 4,200 GB/s: a reference the
-    kernel beat by 1.6x, so a ratio against it said nothing.
+    ``cudaMemcpyAsync``, which a CUDA graph may hand to a copy engine instead of the SMs: on the H200 that reads
+    about 2,700 GB/s under graph timing against 4,250 GB/s for the elementwise copy, while the decode kernel
+    itself reads at over 4,200 GB/s, so a ratio against it would say nothing.
     """
     src = torch.empty(nbytes // 2, dtype=torch.float16, device=timing.device).uniform_(-1, 1)
     dst = torch.empty_like(src)
@@ -290,7 +357,7 @@ def recommend_table(sweep: list[dict]) -> dict:
 
 
 def check_targets(cases: list[dict]) -> dict:
-    """The issue's H200 targets, where this run measured the cases they name (GPU time: ``*_ms``)."""
+    """m08's H200 targets, where this run measured the cases they name (GPU time: ``*_ms``)."""
     by_shape = {(c["batch"], c["context"]): c for c in cases}
     targets = {}
     if (64, 2048) in by_shape:
@@ -306,28 +373,26 @@ def check_targets(cases: list[dict]) -> dict:
 def print_cases(rows: list[dict]) -> None:
     print("\ntriton (launch table) against m04's gather + SDPA: GPU time (CUDA graph; wall on a CPU) | eager back to "
           "back | host")
-    print(f"{'batch':>5} {'context':>7} {'regime':>6} {'splits':>6} {'config':>10} {'triton ms':>9} {'gather ms':>9} "
-          f"{'speedup':>7} | {'triton':>7} {'gather':>7} {'speedup':>7} | {'triton us':>9} {'gather us':>9} | "
-          f"{'GB/s':>7} {'of copy':>7} {'max|diff|':>9}")
-    for r in rows:
-        print(f"{r['batch']:5d} {r['context']:7d} {r['regime']:>6} {r['num_splits']:6d} {r['config_name']:>10} "
-              f"{r['triton_ms']:9.4f} {r['gather_ms']:9.4f} {r['speedup']:6.2f}x | {r['triton_wall_ms']:7.4f} "
-              f"{r['gather_wall_ms']:7.4f} {r['speedup_wall']:6.2f}x | {r['triton_host_ms'] * 1e3:9.1f} "
-              f"{r['gather_host_ms'] * 1e3:9.1f} | {r['triton_gbs']:7.0f} {r['copy_fraction']:6.1%} "
-              f"{r['max_abs_diff']:9.2e}")
+    print(tabulate([[r["batch"], r["context"], r["regime"], r["num_splits"], r["config_name"], f"{r['triton_ms']:.4f}",
+                     f"{r['gather_ms']:.4f}", f"{r['speedup']:.2f}x", f"{r['triton_wall_ms']:.4f}",
+                     f"{r['gather_wall_ms']:.4f}", f"{r['speedup_wall']:.2f}x", f"{r['triton_host_ms'] * 1e3:.1f}",
+                     f"{r['gather_host_ms'] * 1e3:.1f}", f"{r['triton_gbs']:.0f}", f"{r['copy_fraction']:.1%}",
+                     f"{r['max_abs_diff']:.2e}"] for r in rows],
+                   headers=["batch", "context", "regime", "splits", "config", "triton ms", "gather ms", "speedup",
+                            "eager triton", "eager gather", "speedup", "triton us", "gather us", "GB/s", "of copy",
+                            "max|diff|"], disable_numparse=True))
 
 
 def print_sweep(rows: list[dict], recommendation: dict) -> None:
     print("\n--autotune-sweep (GPU time per call)")
-    print(f"{'config':22s} {'regime':>6} {'batch':>5} {'context':>7} {'splits':>6} {'ms':>9} {'GB/s':>7} "
-          f"{'of copy':>7}")
-    for r in rows:
-        print(f"{r['config_name']:22s} {r['regime']:>6} {r['batch']:5d} {r['context']:7d} {r['num_splits']:6d} "
-              f"{r['triton_ms']:9.4f} {r['triton_gbs']:7.0f} {r['copy_fraction']:6.1%}")
-    rec = recommendation
+    print(tabulate([[r["config_name"], r["regime"], r["batch"], r["context"], r["num_splits"], f"{r['triton_ms']:.4f}",
+                     f"{r['triton_gbs']:.0f}", f"{r['copy_fraction']:.1%}"] for r in rows],
+                   headers=["config", "regime", "batch", "context", "splits", "ms", "GB/s", "of copy"],
+                   disable_numparse=True))
+    rec, current = recommendation, recommendation["current"]
     print(f"\nbest table: direct {rec['direct']}, split {rec['split']} (score {rec['score']:.3f}; 1.0 = best at every "
-          f"shape); current table {rec['current']['direct']} / {rec['current']['split']}: "
-          f"{rec['current']['score'] if rec['current']['score'] is None else round(rec['current']['score'], 3)}; "
+          f"shape); current table {current['direct']} / {current['split']}: "
+          f"{current['score'] if current['score'] is None else round(current['score'], 3)}; "
           f"never splitting at best {rec['never_split_best_score']:.3f}")
     for s in rec["per_shape"]:
         print(f"  {s['batch']:4d} x {s['context']:5d}: {s['regime']:6s} {s['config_name']:22s} {s['triton_ms']:.4f} ms "
@@ -335,20 +400,11 @@ def print_sweep(rows: list[dict], recommendation: dict) -> None:
     print("paste into milestones/m08_triton_kernel/launch_config.py:\n" + rec["paste"])
 
 
-def parse_ints(text: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(x) for x in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
-    return values
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.kernel_bench", description=__doc__.split("\n")[0])
-    parser.add_argument("--batch", type=parse_ints, default=None, help="batch sizes (default 1,16,64,256)")
-    parser.add_argument("--context", type=parse_ints, default=None, help="keys per sequence (default 512,2048,8192)")
+    parser.add_argument("--batch", type=positive_int_list, default=None, help="batch sizes (default 1,16,64,256)")
+    parser.add_argument("--context", type=positive_int_list, default=None,
+                        help="keys per sequence (default 512,2048,8192)")
     parser.add_argument("--quick", action="store_true", help="batch 1,16,64 at context 2048 only")
     parser.add_argument("--autotune-sweep", action="store_true", help="also time every SWEEP_CONFIGS entry")
     parser.add_argument("--sweep-shapes", default=None, help="BxC,BxC,... for the sweep (default: SWEEP_SHAPES)")
@@ -358,8 +414,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--replays", type=int, default=None, help="graph replays per GPU time (default 7)")
-    parser.add_argument("--min-calls", type=int, default=None, help="calls per graph at least (default 20)")
+    parser.add_argument("--rep-ms", type=int, default=20, help="GPU work per CUDA graph, in ms (triton.testing's rep)")
     parser.add_argument("--copy-mib", type=int, default=None, help="copy-bandwidth buffer (default 1024; 16 on CPU)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=None, help="JSON path (default benchmarks/results/<gpu>/kernel_bench.json)")
@@ -384,7 +439,7 @@ def run(args: argparse.Namespace) -> dict:
     dtype = getattr(torch, args.dtype)
     batches = args.batch or (QUICK_BATCHES if args.quick else BATCHES)
     contexts = args.context or (QUICK_CONTEXTS if args.quick else CONTEXTS)
-    timing = Timing(device, replays=args.replays or 7, min_calls=args.min_calls or 20, loops=3 if cuda else 1)
+    timing = Timing(device, rep_ms=args.rep_ms, loops=3 if cuda else 1)
     copy_gbs = copy_bandwidth_gbs(timing, (args.copy_mib or (1024 if cuda else 16)) * 2**20)
     print(f"device-to-device copy: {copy_gbs:,.0f} GB/s (read + write, {'GPU' if cuda else 'wall'} time)")
     layer = (args.num_heads, args.num_kv_heads, args.head_dim, args.block_size, dtype, device)
@@ -423,8 +478,8 @@ def run(args: argparse.Namespace) -> dict:
         "num_sms": sm_count(device),
         "timing": {
             "judged_on": "triton_ms, gather_ms, speedup, triton_gbs, copy_fraction: GPU time per call",
-            "gpu": (f"*_ms: GPU time per call: >= {timing.min_calls} calls captured in one CUDA graph, replay time / "
-                    f"calls, median of {timing.replays} replays; calls rotate over `copies` disjoint copies of the "
+            "gpu": (f"*_ms: GPU time per call: triton.testing.do_bench_cudagraph, {timing.rep_ms} ms of calls captured "
+                    "in one CUDA graph, median over its replays; calls rotate over `copies` disjoint copies of the "
                     f"case's K/V holding >= {L2_MULTIPLE}x the L2 cache ({l2_bytes(device)} B), so each call reads "
                     "from DRAM" if cuda else "CPU (Triton interpreter): median wall time per call"),
             "wall": "*_wall_ms: the same calls issued eagerly back to back, per call (GPU or CPU, whichever is "

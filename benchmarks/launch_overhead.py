@@ -21,10 +21,10 @@ import json
 from pathlib import Path
 
 import torch
+import triton.testing
 
 from milestones.m01_naive_loop.attention import CausalAttention
 from milestones.m01_naive_loop.config import EngineConfig
-from milestones.m01_naive_loop.demo import cuda_median_ms
 from milestones.m01_naive_loop.loader import load_model
 from milestones.m02_kv_cache.kv_cache import CachedAttention, KVCache
 from milestones.m03_static_batching.attention import PaddedCachedAttention
@@ -32,24 +32,11 @@ from milestones.m03_static_batching.attention import PaddedCachedAttention
 from .env import environment
 
 
-def time_ms(fn, repeats: int = 50) -> float:
-    """Median milliseconds per call, measured with CUDA events after a warm-up."""
-    return cuda_median_ms(fn, repeats, warmup=5)
-
-
 def eager_and_graph(forward) -> dict[str, float]:
-    """``forward()`` timed eagerly and replayed from a CUDA graph captured on a side stream."""
-    eager = time_ms(forward)
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            forward()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        forward()
-    replay = time_ms(graph.replay)
+    """``forward()`` timed eagerly (``triton.testing.do_bench``) and replayed from a CUDA graph
+    (``do_bench_cudagraph``), medians in milliseconds."""
+    eager = triton.testing.do_bench(forward, return_mode="median")
+    replay = triton.testing.do_bench_cudagraph(forward, return_mode="median")
     return {"eager_ms": eager, "graph_ms": replay, "launch_overhead_ms": eager - replay}
 
 

@@ -1,33 +1,23 @@
 """Online load benchmark: a server under concurrent streaming clients, measured at the clients.
 
-Offline benchmarks (``benchmarks.run``) hand an engine all requests at once. A server meets them as they
-come: a request's time to first token includes waiting for a seat in the batch, and the throughput a
-server reaches depends on how fast requests arrive. This benchmark sends a workload's requests (token-id
-prompts, fixed output lengths) as streaming ``/v1/completions``:
+A workload's requests (token-id prompts, fixed output lengths) go to a server as streaming ``/v1/completions``:
 
-* **rates**: Poisson arrivals at each rate in ``--rates`` (requests/s; ``inf`` sends them all at once, a
-  burst, which measures the server at saturation). For each: TTFT, inter-token and end-to-end latency p50
-  and p99, output tokens/s, errors (``milestones/m09_server/load_client.py`` times the chunks).
-* **reliability** (``--reliability``): ``--num-requests`` streams at once, ``--disconnect-fraction`` of the
-  clients hanging up at random points. It counts server errors, requests completed with their full length
-  and disconnected ones; then checks from ``/metrics`` that every K/V block came back and that the server
-  still answers.
+* **rates**: Poisson arrivals at each rate in ``--rates`` (``inf``: all at once, a burst): TTFT, inter-token
+  and end-to-end latency p50 and p99, output tokens/s, errors (``load_client.py`` times the chunks);
+* **reliability** (``--reliability``): ``--num-requests`` streams at once, ``--disconnect-fraction`` of them
+  hanging up at random points; then ``/metrics`` must show every K/V block back, and the server must answer.
 
-The server is either started here, in this process, for each ``--milestone`` (``m09``, later ``m10``: one
-GPU call measures them side by side), or reached at ``--url`` (any OpenAI-compatible server). The clients
-run in a process of their own (``--clients process``, the default): Python threads share one lock (the
-GIL), and clients parsing thousands of SSE chunks a second in the server's process would take their time
-from the server's event loop and engine thread, so the benchmark would measure itself. In-process,
-``--offline-reference`` first runs the same requests through the same engine's ``generate``: the ratio of
-the burst's output tokens/s to it is what the server costs at saturation. (Each run sends its own variant of
-the prompts, same shapes, other token ids, so that none is served from another's prefix cache.)
+The server is started here for each ``--milestone`` or reached at ``--url``; the clients run in a process of
+their own (``--clients process``), so that they take no time from the server's event loop. Each run sends its
+own variant of the prompts, so that none is served from another's prefix cache. docs/benchmarks.md, "The
+server: gpu_online.sh", has the rest.
 
     python -m benchmarks.online --milestone m09 --workload offline --rates 2,8,32,inf --offline-reference
     python -m benchmarks.online --milestone m09 --reliability --num-requests 512 --max-tokens 128
     python -m benchmarks.online --url http://127.0.0.1:8000 --workload nanovllm --max-requests 64 --rates inf
 
 One JSON per milestone and mode, under ``--out-dir/<gpu>/``: ``online_<m>_<workload>.json`` or
-``reliability_<m>_<workload>.json``, with the environment of ``benchmarks.env``.
+``reliability_<m>_<workload>.json``.
 """
 
 from __future__ import annotations
@@ -35,20 +25,20 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import gc
 import importlib.util
 import json
 import math
-import pkgutil
 import time
 from pathlib import Path
 
 import httpx
-import torch
 
-from milestones.m01_naive_loop.metrics import summarize as summarize_offline
+from milestones.common.demo import HelpFormatter
+from milestones.common.latency import summarize as summarize_offline
 
 from .env import REPO_ROOT, environment
+from .harness import free_memory
+from .runners import resolve_milestone_module, sync
 from .workloads import PROMPT_VOCAB, WORKLOADS, RequestSpec, get_workload
 
 SCHEMA_VERSION = 1
@@ -96,38 +86,16 @@ def requests_of(specs: list[RequestSpec], k: int) -> list[tuple[list[int], int]]
 # --------------------------------------------------------------------------- a server started here
 
 
-def milestone_module(milestone: str) -> str:
-    """``m09`` or ``m09_server`` -> ``milestones.m09_server``."""
-    import milestones
-
-    names = sorted(m.name for m in pkgutil.iter_modules(milestones.__path__) if m.ispkg and m.name[:1] == "m")
-    for name in names:
-        if milestone in (name, name.split("_", 1)[0]):
-            return f"milestones.{name}"
-    raise ValueError(f"unknown milestone {milestone!r}: choose from {', '.join(names)}")
-
-
 def offline_reference(engine, requests: list[tuple[list[int], int]]) -> dict:
     """The same requests through the same engine's ``generate`` (all at once): the ceiling a server chases."""
     package = importlib.import_module(type(engine).__module__.rsplit(".", 1)[0])
     engine.generate([WARMUP_REQUESTS[0][0]], package.SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)
     params = [package.SamplingParams(max_tokens=n, ignore_eos=True) for _, n in requests]
-    _sync(engine.device)
+    sync(engine.device)
     start = time.perf_counter()
     outputs = engine.generate([p for p, _ in requests], params, use_tqdm=False)
-    _sync(engine.device)
+    sync(engine.device)
     return summarize_offline(outputs, time.perf_counter() - start)
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def free_gpu_memory() -> None:
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
 
 
 # --------------------------------------------------------------------------- the two modes
@@ -155,10 +123,25 @@ def engine_metrics(values: dict[str, float]) -> dict:
     return {key.removeprefix("nanoserve_"): values.get(key) for key in keys}
 
 
+def settled_engine_metrics(url: str, timeout_s: float = 120.0) -> dict:
+    """``engine_metrics`` once the engine is idle (nothing running or waiting, every K/V block free), or as they
+    are after ``timeout_s``. The engine thread publishes what /metrics shows after each step and each abort, so a
+    scrape taken the moment the last client has its answer may still show the step before."""
+    deadline = time.perf_counter() + timeout_s
+    while True:
+        after = engine_metrics(scrape_metrics(url))
+        if after["num_requests_running"] is None:  # not a nanoserve server: nothing to wait for
+            return after
+        if (after["num_requests_running"] == after["num_requests_waiting"] == 0
+                and after["kv_cache_blocks_free"] == after["kv_cache_blocks_total"]) or time.perf_counter() > deadline:
+            return after
+        time.sleep(0.1)
+
+
 def _load(url: str, model: str | None, requests: list, rate: float, **kwargs) -> tuple[list, float]:
     """One load run (``load_client.run_load``), wherever it is called: a top-level function, so a worker
     process can run it."""
-    from milestones.m09_server.load_client import run_load
+    from .load_client import run_load
 
     return asyncio.run(run_load(url, model, requests, rate, **kwargs))
 
@@ -189,7 +172,7 @@ class LoadClients:
 def rate_runs(url: str, model: str | None, specs: list[RequestSpec], rates: list[float], seed: int,
               progress: bool, clients: LoadClients | None = None) -> list:
     """One run per rate, run i sending prompt variant i + 1 (variant 0 is the offline reference's)."""
-    from milestones.m09_server.load_client import summarize
+    from .load_client import summarize
 
     runs = []
     for i, rate in enumerate(rates):
@@ -198,7 +181,7 @@ def rate_runs(url: str, model: str | None, specs: list[RequestSpec], rates: list
                                                                seed=seed + i, progress=progress, desc=f"rate {label}")
         summary = summarize(results, wall)
         runs.append({"rate": "inf" if math.isinf(rate) else rate, "summary": summary,
-                     "server_after": engine_metrics(scrape_metrics(url))})
+                     "server_after": settled_engine_metrics(url)})
         print(f"rate {label:>8}: {summary['completed']}/{summary['num_requests']} ok, {summary['errors']} errors, "
               f"{_fmt(summary['output_tokens_per_s'])} output tok/s, TTFT p50 {_ms(summary['ttft_p50_s'])} "
               f"p99 {_ms(summary['ttft_p99_s'])}, ITL p50 {_ms(summary['itl_p50_s'])} p99 {_ms(summary['itl_p99_s'])}, "
@@ -227,19 +210,14 @@ def throughput_at_ttft_targets(runs: list[dict]) -> dict[str, dict | None]:
 def reliability_run(url: str, model: str | None, requests: list, disconnect_fraction: float, seed: int,
                     progress: bool, clients: LoadClients | None = None, idle_timeout_s: float = 120.0) -> dict:
     """All requests at once, some clients hanging up; then: are the blocks back, does the server answer?"""
-    from milestones.m09_server.load_client import stream_completion, summarize
+    from .load_client import stream_completion, summarize
 
     results, wall = (clients or LoadClients("thread")).run(
         url, model, requests, math.inf, seed=seed, disconnect_fraction=disconnect_fraction, progress=progress,
         desc="reliability")
     summary = summarize(results, wall)
-    start, after = time.perf_counter(), {}
-    while time.perf_counter() - start < idle_timeout_s:  # aborts reach the engine between steps
-        after = engine_metrics(scrape_metrics(url))
-        if (after["num_requests_running"] == after["num_requests_waiting"] == 0
-                and after["kv_cache_blocks_free"] == after["kv_cache_blocks_total"]):
-            break
-        time.sleep(0.1)
+    start = time.perf_counter()
+    after = settled_engine_metrics(url, idle_timeout_s)  # aborts reach the engine between steps
 
     async def one_more() -> bool:
         async with httpx.AsyncClient(timeout=60) as client:
@@ -298,12 +276,14 @@ def run_target(args: argparse.Namespace, parser: argparse.ArgumentParser, milest
     clients = LoadClients(args.clients)
     try:
         if milestone is not None:
+            from milestones.common.serve_cli import build_engine, build_engine_client
+            from milestones.common.server_thread import ServerThread
             from milestones.m09_server.app import build_app
-            from milestones.m09_server.cli import build_engine
-            from milestones.m09_server.server_thread import ServerThread
+            from milestones.m09_server.async_engine import AsyncLLMEngine
 
-            module = milestone_module(milestone)
-            engine = build_engine(module, args, parser, max_num_seqs=workload["max_num_seqs"] or 64)
+            module = resolve_milestone_module(milestone)
+            defaults = {"max_num_seqs": workload["max_num_seqs"] or 64}
+            engine = build_engine(module, args, parser, **defaults)  # this process: the offline reference
             result.update(milestone=engine.milestone, engine_config=dataclasses.asdict(engine.config),
                           env=environment(engine.device), max_model_len=engine.max_model_len)
             print(f"{engine.milestone}: {args.model!r} on {engine.device} ({engine.dtype}), "
@@ -312,7 +292,13 @@ def run_target(args: argparse.Namespace, parser: argparse.ArgumentParser, milest
                 result["offline_reference"] = offline_reference(engine, requests_of(specs, 0))
                 print(f"offline generate: {_fmt(result['offline_reference']['output_tokens_per_s'])} output tok/s",
                       flush=True)
-            server = ServerThread(build_app(engine, served_model_name=args.model), graceful_shutdown_s=5.0).start()
+            if engine.serves_in_server_process:  # m09, m10: the server drives this engine from a thread
+                client = AsyncLLMEngine(engine)
+            else:  # m11 on: the server starts an engine of its own in a process of its own; free this one first
+                engine = None
+                free_gpu_memory()
+                client = build_engine_client(module, args, parser, **defaults)
+            server = ServerThread(build_app(client, served_model_name=args.model), graceful_shutdown_s=5.0).start()
             url, model = server.url, args.model
         else:
             result["env"] = environment(None)
@@ -334,12 +320,12 @@ def run_target(args: argparse.Namespace, parser: argparse.ArgumentParser, milest
         if server is not None:
             server.stop()
         del engine, server
-        free_gpu_memory()
+        free_memory()
     return result
 
 
 async def _warm_up(url: str, model: str | None) -> None:
-    from milestones.m09_server.load_client import run_load
+    from .load_client import run_load
 
     results, _ = await run_load(url, model, WARMUP_REQUESTS, math.inf, progress=False)
     failed = [r.error for r in results if not r.ok]
@@ -374,18 +360,18 @@ def parse_rates(text: str) -> list[float]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from milestones.m09_server.cli import add_engine_flags
+    from milestones.common.serve_cli import add_engine_flags
 
     parser = argparse.ArgumentParser(prog="python -m benchmarks.online", description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                     formatter_class=HelpFormatter)
     target = parser.add_mutually_exclusive_group(required=True)
     target.add_argument("--milestone", help="serve these milestones here, one after the other (m09,m10)")
     target.add_argument("--url", help="benchmark a running OpenAI-compatible server instead")
     parser.add_argument("--served-model-name", help="with --url: the model name to send (default: its first)")
     parser.add_argument("--workload", default="offline", choices=WORKLOADS)
     parser.add_argument("--workload-seed", type=int, default=0)
-    parser.add_argument("--max-requests", type=int, help="the workload's first N requests")
-    parser.add_argument("--max-tokens", type=int, help="cap every request's output length")
+    parser.add_argument("--max-requests", type=int, help="the workload's first N requests (default: all)")
+    parser.add_argument("--max-tokens", type=int, help="cap every request's output length (default: no cap)")
     parser.add_argument("--rates", type=parse_rates, default=parse_rates("2,8,32,inf"),
                         help="requests/s, comma-separated; inf: all at once")
     parser.add_argument("--offline-reference", action="store_true",

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from milestones.m01_naive_loop.demo import random_prompts
+from milestones.common.demo import random_prompts
 from milestones.m01_naive_loop.loader import PRESETS
 from milestones.m13_quantization import EngineConfig, LLMEngine, SamplingParams
 from milestones.m13_quantization.accuracy import forced_logits, logit_error
@@ -49,7 +49,8 @@ TEXT_PROMPTS = (
 
 def engine(args: argparse.Namespace, dtype: str | None = None, **knobs) -> LLMEngine:
     return LLMEngine(EngineConfig(model=args.model, device=args.device, dtype=dtype or args.dtype, seed=args.seed,
-                                  max_num_seqs=args.num_prompts, kv_cache_memory_gib=args.kv_cache_memory_gib,
+                                  max_num_seqs=args.num_prompts,
+                                  kv_cache_memory_bytes=int(args.kv_cache_memory_gib * 2**30),
                                   **knobs))
 
 

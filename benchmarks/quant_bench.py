@@ -12,9 +12,9 @@ m13 stores it and the product ``quantized_matmul`` with each candidate configura
 small tiles at 4 and 16, large tiles and dequant + cuBLAS at 64 and 256, and at 2,048: a prompt chunk).
 Batch sizes run in that order, smallest first, until ``--budget-s`` is spent (what is left is listed as skipped).
 
-**What is timed** (``benchmarks/kernel_timing.py``, as ``kernel_bench.py``): GPU time per call from a CUDA graph
-of many calls, the calls rotating over copies of the weight that hold at least 4x the L2 cache, so each call
-reads its weight from DRAM as a layer of a real step does. GB/s counts the bytes a call cannot avoid (the
+**What is timed** (``kernel_bench.Timing``, as m08's microbenchmark): GPU time per call from a CUDA graph of many
+calls (``triton.testing.do_bench_cudagraph``), the calls rotating over copies of the weight that hold at least 4x
+the L2 cache, so each call reads its weight from DRAM as a layer of a real step does. GB/s counts the bytes a call cannot avoid (the
 weight with its scales, x, the output) over that time, against a device-to-device copy timed the same way.
 
 It prints, per method and regime, the candidate with the best geometric mean over shapes (of its time over
@@ -44,8 +44,7 @@ from milestones.m13_quantization.matmul_kernels import quantized_matmul
 from milestones.m13_quantization.quantize import dequantize_weight, quantize_weight
 
 from .env import environment
-from .kernel_bench import copy_bandwidth_gbs
-from .kernel_timing import Timing, l2_bytes
+from .kernel_bench import Timing, copy_bandwidth_gbs, l2_bytes
 
 QWEN3_8B_SHAPES = {  # name -> (N, K), after m10's packing
     "qkv_proj": (6144, 4096), "o_proj": (4096, 4096), "gate_up_proj": (24576, 4096), "down_proj": (4096, 12288),
@@ -227,7 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--batches", type=parse_ints, default=BATCHES, help="rows of x (default 1,4,16,64,256,2048)")
     parser.add_argument("--budget-s", type=float, default=150.0, help="stop starting new cases after this long")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--replays", type=int, default=None, help="graph replays per GPU time (default 7)")
+    parser.add_argument("--rep-ms", type=int, default=20, help="ms of graph replays per GPU time (do_bench_cudagraph)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=None, help="JSON path (default benchmarks/results/<gpu>/quant_bench.json)")
     return parser
@@ -237,7 +236,7 @@ def run(args: argparse.Namespace) -> dict:
     began = time.perf_counter()
     device = torch.device(args.device)
     cuda = device.type == "cuda"
-    timing = Timing(device, replays=args.replays or 7, min_calls=20, loops=3 if cuda else 1)
+    timing = Timing(device, rep_ms=args.rep_ms, loops=3 if cuda else 1)
     copy_gbs = copy_bandwidth_gbs(timing, (1024 if cuda else 16) * 2**20)
     print(f"device-to-device copy: {copy_gbs:,.0f} GB/s (read + write, {'GPU' if cuda else 'wall'} time)")
     shapes = args.shapes or QWEN3_8B_SHAPES
@@ -267,9 +266,9 @@ def run(args: argparse.Namespace) -> dict:
                          for method, regimes in LAUNCH_TABLE.items()},
         "num_sms": sm_count(device),
         "timing": {
-            "gpu": (f"ms: GPU time per call: >= {timing.min_calls} calls captured in one CUDA graph, replay time / "
-                    f"calls, median of {timing.replays} replays; calls rotate over `copies` copies of the weight "
-                    f"holding >= {L2_MULTIPLE}x the L2 cache ({l2_bytes(device)} B), so each call reads it from DRAM"
+            "gpu": (f"ms: GPU time per call, triton.testing.do_bench_cudagraph (rep {timing.rep_ms} ms, median); "
+                    f"calls rotate over `copies` copies of the weight holding >= {L2_MULTIPLE}x the L2 cache "
+                    f"({l2_bytes(device)} B), so each call reads it from DRAM"
                     if cuda else "CPU (Triton interpreter): median wall time per call"),
             "bytes": "the weight (qweight + scales, or the bf16 matrix), x and the output, each once",
         },

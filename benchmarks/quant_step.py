@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from milestones.m01_naive_loop.demo import cuda_median_ms, random_prompts
+from milestones.common.demo import cuda_median_ms, random_prompts
 from milestones.m13_quantization import EngineConfig, LLMEngine
 from milestones.m13_quantization.accuracy import compare_logits
 from milestones.m13_quantization.quantized_loader import weight_bytes
@@ -55,7 +55,8 @@ def parse_list(text: str, choices=None, kind=str) -> list:
 def build(mode: str, args: argparse.Namespace) -> LLMEngine:
     began = time.perf_counter()
     engine = LLMEngine(EngineConfig(model=args.model, device="cuda", max_num_seqs=max(args.batches),
-                                    kv_cache_memory_gib=args.kv_cache_memory_gib, seed=args.seed, **MODES[mode]))
+                                    kv_cache_memory_bytes=int(args.kv_cache_memory_gib * 2**30), seed=args.seed,
+                                    **MODES[mode]))
     print(f"[{mode}] built in {time.perf_counter() - began:.1f} s; {engine.describe_weights()}; "
           f"{engine.describe_kv_cache()}; {engine.describe_cuda_graphs()}", flush=True)
     return engine

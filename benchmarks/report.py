@@ -4,19 +4,19 @@
 * ``comparison_table``: each comparison's ratios, ``median (min-max)`` over its interleaved repeat pairs;
 * ``gate_table`` / ``gate_banner``: the float32 correctness gate, and a loud line when it failed;
 * ``agreement_table``: in the measured dtype, the fraction of requests whose tokens equal the previous
-  milestone's on the same workload in the same call (from the per-request token hashes);
-* ``ratio_table``: fixed ratios between single runs, from this call or earlier files. Those are not
-  interleaved and can move 15-40% between calls: the comparisons are the figures to quote.
+  milestone's on the same workload in the same call (from the per-request token hashes).
+
+Ratios between single runs, from this call or earlier files, are ``python -m milestones``' job
+(``milestones/_course/gains.py``), which says where each side came from.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
-from pathlib import Path
 
-from .compare import _lookup, pair_ratios, summarize_ratios
-from .workloads import WORKLOADS, get_workload
+from tabulate import tabulate
+
+from .compare import comparison_ratios
 
 
 def _ms(value) -> str:
@@ -57,8 +57,6 @@ SUMMARY_HEADERS = ["run", "status", "requests", "runs", "out tok/s", "wall s", "
 
 def summary_table(results: Sequence[dict]) -> str:
     """Runs table; ``out tok/s`` of a comparison member is its median run, with the min-max of its runs."""
-    from tabulate import tabulate
-
     text = tabulate(summary_rows(results), headers=SUMMARY_HEADERS, tablefmt="github")
     extra = []
     for r in results:
@@ -80,34 +78,13 @@ def summary_table(results: Sequence[dict]) -> str:
 
 
 def comparison_rows(results: Sequence[dict]) -> list[list]:
-    """``[label, "median (min-max)", runs, comparison]`` for every member against its comparison's reference."""
-    groups: dict[str, list[dict]] = {}
-    for r in results:
-        if r.get("comparison") and r.get("repeats"):
-            groups.setdefault(r["comparison"]["id"], []).append(r)
-    rows = []
-    for cid, members in groups.items():
-        info = members[0]["comparison"]
-        by_label = {r["comparison"]["label"]: r for r in members}
-        reference = by_label.get(info["reference"])
-        if reference is None:
-            continue
-        for label in info["members"][1:]:
-            member = by_label.get(label)
-            if member is None:
-                continue
-            for metric in info.get("ratio_metrics") or ["metrics.output_tokens_per_s"]:
-                s = summarize_ratios(pair_ratios(member, reference, metric))
-                if s is None:
-                    continue
-                rows.append([f"{label} / {info['reference']}: {metric.split('.', 1)[1]}, {info['workload']}",
-                             f"{s['median']:.2f}x ({s['min']:.2f}-{s['max']:.2f})", s["n"], info["residency"]])
-    return rows
+    """``[label, "median (min-max)", pairs, residency]`` for every member against its comparison's reference."""
+    return [[f"{r['numerator']} / {r['denominator']}: {r['metric'].split('.', 1)[1]}, {c['workload']}",
+             f"{r['median']:.2f}x ({r['min']:.2f}-{r['max']:.2f})", r["n"], c["residency"]]
+            for c in comparison_ratios(results) for r in c["ratios"]]
 
 
 def comparison_table(results: Sequence[dict]) -> str:
-    from tabulate import tabulate
-
     rows = comparison_rows(results)
     if not rows:
         return "(no interleaved comparison in this call)"
@@ -136,8 +113,6 @@ def gate_banner(records: Sequence[dict]) -> str | None:
 
 
 def gate_table(records: Sequence[dict]) -> str:
-    from tabulate import tabulate
-
     if not records:
         return "(no gate in this call)"
     rows = []
@@ -174,92 +149,14 @@ def agreement_rows(results: Sequence[dict]) -> list[list]:
 
 
 def agreement_table(results: Sequence[dict]) -> str:
-    from tabulate import tabulate
-
     rows = agreement_rows(results)
     if not rows:
         return "(no milestone ran beside its predecessor on the same requests)"
     return tabulate(rows, headers=["milestones", "workload", "dtype", "same tokens", "fraction"], tablefmt="github")
 
 
-# --------------------------------------------------------------------------- fixed ratios between single runs
-
-# (label, numerator run, denominator run, metric). Metrics: "metrics.<key>", "sweep.<prompt_len>.<key>",
-# "groups.<group>.<key>". Results of this call are used first, then earlier files in <out>/<gpu-slug>/.
-RATIOS = [
-    ("m01 / m02 ITL mean, single (512 prompt)", "m01_single", "m02_single", "metrics.itl_mean_s"),
-    ("m01 / m02 ITL mean, sweep at 64", "m01_single-sweep", "m02_single-sweep", "sweep.64.itl_mean_s"),
-    ("m01 / m02 ITL mean, sweep at 2048", "m01_single-sweep", "m02_single-sweep", "sweep.2048.itl_mean_s"),
-    ("m02 / m01 out tok/s, offline (slices)", "m02_offline", "m01_offline", "metrics.output_tokens_per_s"),
-    ("m03 / m02 out tok/s, offline (m02 on a slice)", "m03_offline", "m02_offline", "metrics.output_tokens_per_s"),
-    ("m04 / m03 out tok/s, offline", "m04_offline", "m03_offline", "metrics.output_tokens_per_s"),
-    ("m04 / m03 out tok/s, nanovllm", "m04_nanovllm", "m03_nanovllm", "metrics.output_tokens_per_s"),
-    ("m03 useful token fraction, offline", "m03_offline", None, "metrics.useful_token_fraction"),
-    ("m04 useful token fraction, offline", "m04_offline", None, "metrics.useful_token_fraction"),
-    ("m03 / hf-static out tok/s, offline", "m03_offline", "hf-static_offline", "metrics.output_tokens_per_s"),
-    ("m04 / hf-cb out tok/s, offline", "m04_offline", "hf-cb_offline", "metrics.output_tokens_per_s"),
-    ("m04 / hf-cb out tok/s, nanovllm", "m04_nanovllm", "hf-cb_nanovllm", "metrics.output_tokens_per_s"),
-    ("hf-cb / hf-static out tok/s, nanovllm", "hf-cb_nanovllm", "hf-static_nanovllm", "metrics.output_tokens_per_s"),
-    ("m03 / m04 decoder ITL p99, chunked", "m03_chunked", "m04_chunked", "groups.decoder.itl_p99_s"),
-    ("m04 / m03 TTFT p50, prefix", "m04_prefix", "m03_prefix", "metrics.ttft_p50_s"),
-]
-
-
-def current_shape(result: dict) -> bool:
-    """Whether an earlier file measured today's workload (same parameters), not an older shape of it."""
-    wl = result.get("workload") or {}
-    if wl.get("name") not in WORKLOADS:
-        return False
-    return wl.get("params") == json.loads(json.dumps(get_workload(wl["name"], wl.get("params", {}).get("seed", 0))
-                                                    .describe()["params"]))
-
-
-def ratio_rows(results: Sequence[dict], results_dir: Path | None) -> list[list]:
-    """The fixed ``RATIOS`` between single runs. Members of a comparison are left out of two-run ratios (their
-    ratio is the comparison's, pair by pair), and so are earlier files of an older workload shape."""
-    by_name = {r["name"]: r for r in results if r.get("status") == "ok"}
-
-    def get(name: str, single_only: bool) -> tuple[dict | None, str]:
-        found, source = by_name.get(name), "this call"
-        if found is None and results_dir is not None and (path := results_dir / f"{name}.json").is_file():
-            try:
-                found, source = json.loads(path.read_text()), "earlier file"
-            except (OSError, ValueError):
-                return None, ""
-            if found.get("status") != "ok" or not current_shape(found):
-                return None, ""
-        if found is None or single_only and found.get("repeats"):
-            return None, ""
-        return found, source
-
-    rows = []
-    for label, num_name, den_name, metric in RATIOS:
-        num, src_n = get(num_name, single_only=den_name is not None)
-        num_v = _lookup(num, metric) if num else None
-        if den_name is None:
-            if num_v is not None:
-                rows.append([label, f"{num_v:.3f}", src_n])
-            continue
-        den, src_d = get(den_name, single_only=True)
-        den_v = _lookup(den, metric) if den else None
-        if num_v is None or not den_v:
-            continue
-        sources = src_n if src_n == src_d else f"{src_n} / {src_d}"
-        rows.append([label, f"{num_v / den_v:.2f}x", sources])
-    return rows
-
-
-def ratio_table(results: Sequence[dict], results_dir: Path | None) -> str:
-    from tabulate import tabulate
-
-    rows = ratio_rows(results, results_dir)
-    if not rows:
-        return "(no ratio has both of its runs yet)"
-    return tabulate(rows, headers=["ratio (single runs, not interleaved)", "value", "from"], tablefmt="github")
-
-
-def report(results: Sequence[dict], gate: Sequence[dict] = (), slug_dir: Path | None = None) -> str:
-    """The whole markdown summary of a call: gate, runs, comparisons, token agreement, skipped, single ratios."""
+def report(results: Sequence[dict], gate: Sequence[dict] = ()) -> str:
+    """The whole markdown summary of a call: gate, runs, comparisons, token agreement, skipped runs."""
     ran = [r for r in results if r.get("status") != "skipped"]
     skipped = [r for r in results if r.get("status") == "skipped"]
     parts = []
@@ -273,6 +170,4 @@ def report(results: Sequence[dict], gate: Sequence[dict] = (), slug_dir: Path | 
     if skipped or gate_skipped:
         parts += ["## Skipped", ""] + [f"- {r['name']}: {r['error']}" for r in skipped]
         parts += [f"- gate {g['label']}: {g['error']}" for g in gate_skipped] + [""]
-    parts += ["## Ratios between single runs (not interleaved: may move 15-40% between calls)", "",
-              ratio_table(results, slug_dir), ""]
     return "\n".join(parts)

@@ -16,7 +16,7 @@ Two kinds of runner exist:
 
 K/V sizing. A runner can be told to hold ``kv_tokens`` tokens of K/V (the harness asks for "enough for the
 whole workload", so that several engines fit on one GPU side by side); a workload with a ``kv_budget_gib``
-(``memory-bound``) overrides that. Each engine gets the budget through its own knob: ``kv_cache_memory_gib``
+(``memory-bound``) overrides that. Each engine gets the budget through its own knob: ``kv_cache_memory_bytes``
 where its ``EngineConfig`` has one (m05 on), else ``kv_cache_tokens`` = budget bytes // bytes per token (m04).
 """
 
@@ -39,7 +39,7 @@ RUNNER_PLUGINS = ("benchmarks.baselines", "benchmarks.hf_compiled")  # modules w
 STEP_API = ("add_request", "step", "has_unfinished", "abort")
 WARMUP_PROMPT_LENS = (16, 32)  # two short requests ...
 WARMUP_OUTPUT_LEN = 8  # ... of a few decode steps each
-KV_KNOBS = ("kv_cache_memory_gib", "kv_cache_tokens", "gpu_memory_utilization")  # an override of one wins
+KV_KNOBS = ("kv_cache_memory_bytes", "kv_cache_tokens", "gpu_memory_utilization")  # an override of one wins
 
 
 class WorkloadNotSupported(Exception):
@@ -259,8 +259,8 @@ class MilestoneRunner(Runner):
             budget = kv_tokens * per_token
             sizing = {"source": f"enough for the workload: {kv_tokens} tokens", "budget_bytes": budget}
         sizing["bytes_per_token"] = per_token
-        if "kv_cache_memory_gib" in fields:
-            sizing.update(knob="kv_cache_memory_gib", value=workload.kv_budget_gib or budget / 2**30)
+        if "kv_cache_memory_bytes" in fields:
+            sizing.update(knob="kv_cache_memory_bytes", value=budget)
         elif "kv_cache_tokens" in fields:
             sizing.update(knob="kv_cache_tokens", value=budget // per_token)
         elif workload.kv_budget_gib is not None:

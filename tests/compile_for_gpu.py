@@ -16,8 +16,10 @@ float32/float16/bfloat16, with int32 and int64 context lengths and block tables.
     python tests/compile_for_gpu.py --arch 80        # another target (A100)
     python tests/compile_for_gpu.py --sweep-configs  # also every benchmarks/kernel_bench.py sweep configuration
 
-It must start in its own process (``tests/test_m08_kernel.py`` runs it so): Triton decides at import whether it
-interprets or compiles. Exit status 77 (with a reason) when this Triton cannot compile for a target without a GPU.
+It runs in a process of its own (``tests/test_m08_kernel.py`` starts it so), because it replaces the kernels and
+Triton's driver for good; it sets ``TRITON_INTERPRET=0`` before importing triton, so that the kernels are compiled
+``JITFunction``s whatever the shell says. Exit status 77 (with a reason) when this Triton cannot compile for a
+target without a GPU.
 """
 
 from __future__ import annotations
@@ -55,7 +57,8 @@ class Variant:
 
 
 class CompileOnly:
-    """Stands in for a ``@triton.jit`` kernel in a wrapper: ``kernel[grid](*args)`` compiles and launches nothing."""
+    """Stands in for a kernel in a wrapper: ``kernel[grid](*args)`` compiles for the target and launches nothing
+    (the CPU tensors only describe the launch: their device does not send it to the interpreter)."""
 
     def __init__(self, kernel, compiled: list) -> None:
         self.kernel, self.compiled = kernel, compiled
@@ -163,8 +166,8 @@ def main(argv: list[str] | None = None) -> int:
     for module, names in ((paged_decode_kernel, ("_paged_decode_kernel", "_combine_splits_kernel")),
                           (store_kv_kernel, ("_store_kv_kernel",))):
         for name in names:
-            setattr(module, name, CompileOnly(getattr(module, name), compiled))
-        module.INTERPRETER_PROBLEM = None  # CPU tensors are only the launches' descriptions here
+            setattr(module, name, CompileOnly(getattr(module, name).compiled, compiled))
+    paged_decode_kernel.runs_interpreted = lambda device: False  # so the wrapper picks its GPU code paths
 
     sweep = {}
     if args.sweep_configs:

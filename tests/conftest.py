@@ -22,12 +22,6 @@ catch each one.
 from __future__ import annotations
 
 import os
-
-import torch
-
-if not torch.cuda.is_available():  # m08's Triton kernels then run in Triton's interpreter, which must be chosen
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # before anything (transformers included) imports triton
-
 import random
 from collections import Counter
 from collections.abc import Iterator

@@ -115,6 +115,54 @@ MUTATIONS = (
         ("tests/test_m04_scheduler.py", "tests/test_m04_continuous_batching.py"),
     ),
     Mutation(
+        "prefix-hash-unchained", "a block's hash ignores its parent, so equal blocks after different prefixes share "
+        "one name (the later one is never found)", "milestones/m06_prefix_cache/block_manager.py",
+        (("return hash((parent_hash, token_ids))", "return hash(token_ids)"),),
+        ("tests/test_m06_prefix_cache.py",),
+    ),
+    Mutation(
+        "decode-scale-head-dim-128", "m08's engine hands the decode kernel Qwen3-0.6B's softmax scale, "
+        "1/sqrt(128), whatever the model's head_dim", "milestones/m08_triton_kernel/attention.py",
+        (("q.shape[-1] ** -0.5, max_context_len=self.max_context_len,",
+          "128 ** -0.5, max_context_len=self.max_context_len,"),),
+        ("tests/test_m08_engine.py",),
+    ),
+    Mutation(
+        "detok-drops-partial-char", "when a request finishes inside a character, the detokenizer drops "
+        "the bytes it held back instead of sending them", "milestones/m09_server/detokenizer.py",
+        (("if len(window_text) > len(prefix_text) and (complete or flush):",
+          "if len(window_text) > len(prefix_text) and complete:"),),
+        ("tests/test_m09_detokenizer.py",
+         "tests/test_m09_server.py::test_a_completion_cut_inside_a_character_is_what_decode_gives"),
+    ),
+    Mutation(
+        "usage-prompt-minus-cached", "the server reports prompt_tokens minus the tokens found in the prefix cache",
+        "milestones/m09_server/serving.py",
+        (("return usage(self.prompt_tokens, self.completion_tokens, self.cached_tokens)",
+          "return usage(self.prompt_tokens - self.cached_tokens, self.completion_tokens, self.cached_tokens)"),),
+        ("tests/test_m09_server.py::test_usage_counts_the_whole_prompt_after_a_prefix_cache_hit",),
+    ),
+    Mutation(
+        "graph-ladder-ignores-cap", "m10 captures graphs up to max_num_seqs even when max_cuda_graph_batch_size "
+        "is smaller", "milestones/m10_cuda_graphs/engine.py",
+        (("max_batch = self.config.max_cuda_graph_batch_size or self.config.max_num_seqs",
+          "max_batch = self.config.max_num_seqs"),),
+        ("tests/test_m10_cuda_graphs.py::test_the_runner_is_built_from_the_config",),
+    ),
+    Mutation(
+        "graph-tables-too-narrow", "m10's static block tables hold floor(max_model_len / block_size) blocks, "
+        "one too few for the longest sequences", "milestones/m10_cuda_graphs/engine.py",
+        (("max_blocks_per_seq = -(-self.max_model_len // self.config.block_size)",
+          "max_blocks_per_seq = self.max_model_len // self.config.block_size"),),
+        ("tests/test_m10_cuda_graphs.py::test_the_runner_is_built_from_the_config",),
+    ),
+    Mutation(
+        "m07-budget-below-seats", "m07 accepts a token budget smaller than max_num_seqs (vLLM refuses it)",
+        "milestones/m07_chunked_prefill/config.py",
+        (("if self.max_num_batched_tokens < self.max_num_seqs:", "if False:"),),
+        ("tests/test_m07_chunked_prefill.py",),
+    ),
+    Mutation(
         "m13-int4-nibbles-swapped", "m13's int4 unpacking reads a byte's high nibble as element j and the low one as "
         "element j + 64", "milestones/m13_quantization/matmul_kernels.py",
         (("        lo = ((b & 0xF) | 0x4B000000).to(tl.float32, bitcast=True) - (8388608.0 + 8.0)\n"

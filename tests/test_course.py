@@ -90,7 +90,7 @@ def test_list_gains_come_from_the_committed_results(capsys):
     assert f"skewed (one request in 8 long): {m04_skewed:.2f}x (" in out
     m03_offline = statistics.median(repeats_of("m03_offline", "output_tokens_per_s"))
     m03_offline /= metric("m02_offline-n16", "output_tokens_per_s")
-    assert re.search(rf"offline: {m03_offline:.0f}x (\(\S+\) )?m02's output tok/s", out)  # a spread if repeated
+    assert re.search(rf"offline: {re.escape(gains.format_ratio(m03_offline))} (\(\S+\) )?m02's output tok/s", out)
     assert "m02 ran 16 of its 128 requests" in out
     itl = metric("m02_single", "itl_mean_s") / metric("m01_single", "itl_mean_s")  # m02 is slower at 512 tokens
     assert f"single (512-token prompt): {itl:.2f}x higher mean inter-token latency than m01" in out
@@ -292,8 +292,7 @@ KNOWN = {  # facts of the existing milestones: new classes, {override: the metho
                              "PaddedCachedAttention.__call__": "m02_kv_cache.kv_cache.CachedAttention.__call__"},
                             {"max_num_seqs"}),
     "m04_continuous_batching": ({"Scheduler", "KVPool", "ContiguousAllocator"},
-                                {"LLMEngine.run": "m03_static_batching.engine.LLMEngine.run",
-                                 "EngineConfig.__post_init__": "m03_static_batching.config.EngineConfig.__post_init__"},
+                                {"LLMEngine.run": "m03_static_batching.engine.LLMEngine.run"},
                                 {"kv_cache_tokens"}),
 }
 
@@ -323,9 +322,32 @@ def test_an_override_is_shown_beside_the_method_it_replaces_found_through_the_mr
     assert any(line.startswith("- ") and "+ " in line.split(" | ", 1)[1] for line in rows)  # changed, side by side
     assert any("KVCache.for_model" in line.split(" | ", 1)[1] for line in rows)
     assert all(len(line) <= 150 for line in out.splitlines() if " | " in line)
-    # m04's make_request replaces m01's: m02 and m03 never overrode it, so the MRO reaches back to m01.
+    # m04's make_request extends m01's: m02 and m03 never overrode it, so the MRO reaches back to m01.
     _, out, _ = run(capsys, "diff", "m03", "m04")
-    assert "-- LLMEngine.make_request  replaces m01_naive_loop.engine.LLMEngine.make_request" in out
+    assert "-- LLMEngine.make_request  extends m01_naive_loop.engine.LLMEngine.make_request" in out
+
+
+def test_an_override_that_calls_super_marks_only_what_it_adds(capsys):
+    """m07's config __post_init__ runs m05's through super(): none of m05's lines may read as removed."""
+    _, out, _ = run(capsys, "diff", "m06", "m07", "--layout", "side-by-side", "--width", "160")
+    section = out.split("-- EngineConfig.__post_init__", 1)[1].split("\n-- ", 1)[0]
+    assert "calls it through super(), so all of it still runs" in section
+    rows = [line for line in section.splitlines() if " | " in line]
+    assert not any(line.startswith("-") for line in rows)
+    assert any("+     if self.max_num_batched_tokens is None:" in line for line in rows)
+    _, out, _ = run(capsys, "diff", "m06", "m07", "--unified")
+    assert not any(line.startswith("-  ") for line in out.split("EngineConfig.__post_init__", 1)[1].split("---")[0]
+                   .splitlines())
+
+
+def test_class_attributes_and_retired_methods_are_shown(capsys):
+    _, out, _ = run(capsys, "diff", "m06", "m07", "--width", "120")
+    assert re.search(r"^    sets         .*scheduler_class = Scheduler", out, re.M)
+    _, out, _ = run(capsys, "diff", "m04", "m05", "--width", "200")
+    assert re.search(r"^    retires      region_starts, prefill, decode, record_kv_usage$", out, re.M)
+    assert "-- LLMEngine.prefill  retires m04_continuous_batching.engine.LLMEngine.prefill: m05 runs" in out
+    _, out, _ = run(capsys, "diff", "m04", "m05", "--stat")
+    assert "(4 of them retired)" in out
 
 
 def test_stacked_layout_puts_the_replaced_method_first(capsys):
@@ -434,9 +456,57 @@ def test_a_milestone_that_does_not_import_is_named_in_one_line(capsys, monkeypat
 
 
 def test_the_course_package_is_no_milestone_to_the_benchmarks():
-    from benchmarks.harness import resolve_milestone_module
+    from benchmarks.runners import resolve_milestone_module
 
     with pytest.raises(ValueError) as error:
         resolve_milestone_module("_course")
     assert "_course" not in str(error.value).split("choose from", 1)[1]
     assert resolve_milestone_module("m02") == "milestones.m02_kv_cache"
+
+
+def test_the_architecture_pages_override_table_is_the_code():
+    """docs/architecture.md lists, per engine, what it overrides, retires and sets: exactly what diff reads."""
+    from milestones._course.catalog import REPO_ROOT, discover
+    from milestones._course.changes import step_changes
+
+    text = (REPO_ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    table = text.split("### What each engine overrides", 1)[1].split("\n\n", 3)[2]
+    documented = {}
+    for row in table.splitlines()[2:]:
+        key, *cells = [cell.strip() for cell in row.strip("|").split("|")]
+        documented[key] = [set(re.findall(r"`([^`]+)`", cell)) for cell in cells]
+    milestones_found = discover()
+    for old, new in zip(milestones_found, milestones_found[1:]):
+        engine = next(c for c in step_changes(old, new).extended_classes if c.name == "LLMEngine")
+        in_code = [{o.method for o in engine.overrides if o.retired is None}, {o.method for o in engine.retired},
+                   {a for a in engine.attributes if not a.startswith("milestone =")}]
+        assert documented.get(new.key) == in_code, f"docs/architecture.md's row for {new.key}"
+
+
+def test_the_readme_quotes_the_ratio_the_course_prints():
+    """One source for a figure: the README's m06 prompt-token ratio is the one `python -m milestones` prints."""
+    from milestones._course.catalog import REPO_ROOT
+
+    [tokens] = [g for g in gains.gains_of("m06") if "prompt tokens" in gains.describe(g, "m05")]
+    printed = gains.describe(tokens, "m05").split(" fewer", 1)[0].split(": ", 1)[1]
+    assert printed == "16.5x"
+    assert f"{printed} fewer prompt tokens computed" in (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+
+
+def test_every_page_that_quotes_diff_stat_quotes_it_right():
+    """A milestone page's "`--stat`: N files, +L lines" is what `python -m milestones diff PREV NEW --stat` says."""
+    from milestones._course.catalog import REPO_ROOT, discover
+    from milestones._course.changes import step_changes
+
+    found = discover()
+    quoted = 0
+    for old, new in zip(found, found[1:]):
+        if new.doc_page is None:
+            continue
+        text = " ".join((REPO_ROOT / new.doc_page).read_text(encoding="utf-8").split())
+        for files, lines in re.findall(r"`--stat`(?::| counts) (\d+) files, \+([\d,]+) lines", text):
+            changes = step_changes(old, new)
+            assert (int(files), int(lines.replace(",", ""))) == (len(changes.file_lines),
+                                                                sum(changes.file_lines.values())), new.doc_page
+            quoted += 1
+    assert quoted >= 5

@@ -71,14 +71,14 @@ BAD_FLAGS = [
     ("m04_continuous_batching", ["--long-every", "0"], "--long-every"),
     ("m04_continuous_batching", ["--num-prompts", "zero"], "'zero'"),
     ("m04_continuous_batching", ["--short-tokens", "-1"], "--short-tokens"),
-    ("m05_paged_blocks", ["--kv-cache-memory", "-1"], "--kv-cache-memory"),
-    ("m05_paged_blocks", ["--kv-cache-memory", "nan"], "--kv-cache-memory"),
+    ("m05_paged_blocks", ["--kv-cache-memory-bytes", "-1"], "--kv-cache-memory-bytes"),
+    ("m05_paged_blocks", ["--kv-cache-memory-bytes", "1.5G"], "--kv-cache-memory-bytes"),
     ("m07_chunked_prefill", ["--budgets", "0,256"], "--budgets"),
     ("m08_triton_kernel", ["--shapes", "16x"], "'16x'"),
     ("m09_server", ["--rate", "0"], "--rate"),
     ("m10_cuda_graphs", ["--step-repeats", "0"], "--step-repeats"),
     ("m13_quantization", ["--modes", "int3"], "--modes"),
-    ("m13_quantization", ["--kv-cache-memory", "0"], "--kv-cache-memory"),
+    ("m13_quantization", ["--kv-cache-memory-bytes", "0"], "--kv-cache-memory-bytes"),
 ]
 BAD_FLAGS = [case for case in BAD_FLAGS if case[0] in DEMOS]
 
@@ -159,3 +159,23 @@ def test_prompt_the_engine_refuses_is_one_line_naming_the_users_prompt(capsys, s
     assert_one_line_error(code, err, fragment)
     assert "max_tokens (2)" not in err  # the warm-up's request never shows up in an error
     assert "measuring" not in err and "label" not in out  # no run was timed, no table printed
+
+
+@pytest.mark.parametrize("name", DEMOS)
+def test_a_knob_has_the_servers_flag_name_everywhere(capsys, name):
+    """One flag per engine knob, vLLM's name (the server's): no demo spells a knob its own way
+    (``--kv-cache-memory`` beside the server's ``--kv-cache-memory-bytes``)."""
+    from milestones.common.serve_cli import ENGINE_FLAGS
+
+    code, out, _ = run_and_exit(capsys, name, ["--help"])
+    flags = set(re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", out))
+    for engine_flag, *_ in ENGINE_FLAGS:
+        near = {f for f in flags if f != engine_flag and (f.startswith(engine_flag) or engine_flag.startswith(f))}
+        assert not near, f"{name} spells {engine_flag} as {near}"
+
+
+def test_the_kv_cache_size_reads_in_a_unit_that_shows_it():
+    from milestones.m05_paged_blocks.engine import format_bytes
+
+    assert [format_bytes(n) for n in (512, 2**16, 1824 * 1024, 5 * 2**30)] == ["512 bytes", "64.0 KiB", "1.8 MiB",
+                                                                              "5.0 GiB"]

@@ -12,10 +12,10 @@ import pytest
 import torch
 from conftest import VOCAB
 
+from milestones.common.demo import (TTFT_NOTE, Case, Ratio, demo_parser, interleaved_rounds, measure, parse_args,
+                                    print_table, random_prompts, speedup)
 from milestones.m01_naive_loop import SamplingParams
 from milestones.m01_naive_loop.__main__ import main as m01_demo
-from milestones.m01_naive_loop.demo import (TTFT_NOTE, Case, Ratio, demo_parser, interleaved_rounds, measure,
-                                            parse_args, print_table, random_prompts, speedup)
 from milestones.m02_kv_cache.__main__ import main as m02_demo
 from milestones.m03_static_batching.__main__ import main as m03_demo
 from milestones.m04_continuous_batching.__main__ import main as m04_demo
@@ -210,3 +210,20 @@ def test_interleaved_rounds_keeps_counters_and_takes_the_median_of_timings():
     assert (a["wall s"], b["wall s"]) == (2.0, 5.0)
     assert a["steps"] == 7 and type(a["steps"]) is int and a["note"] == "x" and a["_outputs"] == ["a"]
     assert [r["wall s"] for r in b["_runs"]] == [5.0, 5.0, 9.0]
+
+
+@pytest.mark.parametrize("name, argv", [
+    ("m05_paged_blocks", ["--num-prompts", "4", "--prompt-len", "6", "--max-tokens", "8", "--median-tokens", "2",
+                          "--block-size", "4"]),
+    ("m07_chunked_prefill", ["--num-decoders", "2", "--decoder-tokens", "4", "--num-long", "1", "--long-len", "24",
+                             "--every", "2", "--budgets", "8"]),
+])
+def test_captured_output_has_no_cursor_movements(tied_checkpoint, tokenizer_cache, capsys, name, argv):
+    """Piped or in a notebook, a demo's output is plain text: one progress bar at a time, never nested bars
+    that move the cursor up (the ``ESC[A`` codes tqdm writes for them)."""
+    import importlib
+
+    demo = importlib.import_module(f"milestones.{name}.__main__")
+    demo.main(["--model", str(tied_checkpoint[0]), "--device", "cpu", "--repeats", "1", *argv])
+    out, err = capsys.readouterr()
+    assert "\x1b[A" not in out + err and "identical tokens (greedy): yes" in out

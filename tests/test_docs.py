@@ -429,3 +429,48 @@ def test_the_workshop_solutions_run(tokenizer_cache, tmp_path):
                           capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S * 3)
     assert done.returncode == 0, done.stdout[-1500:] + done.stderr[-3000:]
     assert done.stdout.count("== solution ") == len(blocks)
+
+
+# ---- one source for what the docs say of the programs ------------------------------------------------------------
+
+DEMO_TIME = re.compile(r"python -m milestones\.m\d\d\w*.*?(?:~|about |in )\d+(?:[–-]\d+)? ?s\b")
+
+
+def test_only_the_readme_states_how_long_the_demos_take():
+    """Demo times drift with the machine: one statement (the README's range), which every page links to."""
+    stated = [f"{path.relative_to(REPO)}:{n}" for path in COMMAND_DOCS if path.name != "README.md" or path.parent != REPO
+              for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1) if DEMO_TIME.search(line)]
+    assert stated == []
+    assert re.search(r"finishes in \d+–\d+ s on a busy 2-core CPU \(measured for all ten\)",
+                     (REPO / "README.md").read_text(encoding="utf-8"))
+
+
+LAYOUT_IMPLIED = {"__init__.py", "__main__.py", "engine.py", "config.py"}  # "Every package also has ..."
+
+
+def test_the_readmes_layout_names_every_module_of_every_package():
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    layout = text.split("## Layout", 1)[1].split("```", 2)[1]
+    entries = re.split(r"\n  (?=\S)", layout)  # one entry per package, its continuation lines included
+    for package in sorted((REPO / "milestones").iterdir()):
+        if not (package / "__init__.py").is_file() or package.name == "_course":
+            continue
+        [entry] = [e for e in entries if e.startswith(f"{package.name}/")]
+        missing = sorted(p.name for p in package.glob("*.py") if p.name not in LAYOUT_IMPLIED and p.name not in entry)
+        assert not missing, f"README's layout line for {package.name}/ does not name {missing}"
+
+
+def test_no_help_text_says_default_none():
+    """A flag whose default is None says what None means, or shows no default (never "(default: None)")."""
+    for module in [f"milestones.{p.name}" for p in sorted((REPO / "milestones").glob("m[0-9][0-9]_*"))]:
+        for argv in (["--help"], ["serve", "--help"]) if module.endswith(("m09_server", "m10_cuda_graphs")) else (
+                ["--help"],):
+            out = run_module_help(module, argv)
+            assert "(default: None)" not in " ".join(out.split()), f"{module} {' '.join(argv)}"
+
+
+def run_module_help(module: str, argv: list[str]) -> str:
+    demo = importlib.import_module(f"{module}.__main__")
+    with contextlib.redirect_stdout(io.StringIO()) as out, pytest.raises(SystemExit):
+        demo.main(argv)
+    return out.getvalue()

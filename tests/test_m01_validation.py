@@ -255,10 +255,16 @@ def test_prompt_plus_max_tokens_beyond_the_model_limit(engine, forward_calls):
     assert len(output.token_ids) == 3
 
 
-@pytest.mark.parametrize("max_model_len", [MAX_POSITIONS + 1, 10**6, 0, -5])
+@pytest.mark.parametrize("max_model_len", [MAX_POSITIONS + 1, 10**6])
 def test_max_model_len_outside_the_model_limit(tied_checkpoint, tokenizer_cache, max_model_len):
     with pytest.raises(ValueError, match=rf"max_model_len.*\[1, {MAX_POSITIONS}\].*{max_model_len}"):
         LLMEngine(EngineConfig(model=str(tied_checkpoint[0]), device="cpu", max_model_len=max_model_len))
+
+
+@pytest.mark.parametrize("max_model_len", [0, -5])
+def test_max_model_len_below_one_is_refused_by_the_config(max_model_len):
+    with pytest.raises(ValueError, match=rf"max_model_len must be an integer >= 1 or None, got {max_model_len}"):
+        EngineConfig(max_model_len=max_model_len)
 
 
 # --------------------------------------------------------------------------- engine config

@@ -199,15 +199,17 @@ def test_the_cache_is_whole_blocks_and_refuses_a_request_longer_than_all_of_it(e
     ({"block_size": 0}, "block_size"), ({"block_size": 2.0}, "block_size"), ({"block_size": True}, "block_size"),
     ({"max_num_batched_tokens": 0}, "max_num_batched_tokens"),
     ({"max_num_batched_tokens": None}, "max_num_batched_tokens"),
-    ({"kv_cache_memory_gib": 0}, "kv_cache_memory_gib"), ({"kv_cache_memory_gib": -1.0}, "kv_cache_memory_gib"),
-    ({"kv_cache_memory_gib": math.nan}, "kv_cache_memory_gib"),
-    ({"kv_cache_memory_gib": math.inf}, "kv_cache_memory_gib"), ({"kv_cache_memory_gib": "1"}, "kv_cache_memory_gib"),
+    ({"kv_cache_memory_bytes": 0}, "kv_cache_memory_bytes"), ({"kv_cache_memory_bytes": -1}, "kv_cache_memory_bytes"),
+    ({"kv_cache_memory_bytes": math.nan}, "kv_cache_memory_bytes"), ({"kv_cache_memory_bytes": 2.5e9},
+                                                                       "kv_cache_memory_bytes"),
+    ({"kv_cache_memory_bytes": math.inf}, "kv_cache_memory_bytes"),
+    ({"kv_cache_memory_bytes": "1"}, "kv_cache_memory_bytes"),
     ({"gpu_memory_utilization": 0}, "gpu_memory_utilization"),
     ({"gpu_memory_utilization": 1.5}, "gpu_memory_utilization"),
     ({"gpu_memory_utilization": True}, "gpu_memory_utilization"),
     ({"kv_watermark": 1.0}, "kv_watermark"), ({"kv_watermark": -0.1}, "kv_watermark"),
-    ({"kv_cache_tokens": 64, "kv_cache_memory_gib": 1.0}, "one way only"),
-    ({"kv_cache_memory_gib": 1.0, "gpu_memory_utilization": 0.5}, "one way only"),
+    ({"kv_cache_tokens": 64, "kv_cache_memory_bytes": 2**30}, "one way only"),
+    ({"kv_cache_memory_bytes": 2**30, "gpu_memory_utilization": 0.5}, "one way only"),
 ])
 def test_config_validation(knobs, message):
     from milestones.m05_paged_blocks import EngineConfig
@@ -219,15 +221,15 @@ def test_config_validation(knobs, message):
 @pytest.mark.parametrize("knobs, message", [
     ({"gpu_memory_utilization": 0.5}, "needs a CUDA device"),
     ({"kv_cache_tokens": 3, "block_size": 4}, "less than one block"),
-    ({"kv_cache_memory_gib": 1e-9}, "less than one block"),
+    ({"kv_cache_memory_bytes": 1}, "less than one block"),
 ])
 def test_a_budget_that_cannot_be_met_is_a_clear_error(engine_on, knobs, message):
     with pytest.raises(ValueError, match=message):
         engine_on(**knobs)
 
 
-def test_kv_cache_memory_gib_sizes_the_pool(engine_on):
-    engine = engine_on(block_size=4, kv_cache_memory_gib=2**-14)  # 64 KiB
+def test_kv_cache_memory_bytes_sizes_the_pool(engine_on):
+    engine = engine_on(block_size=4, kv_cache_memory_bytes=2**16)  # 64 KiB
     per_block = engine.kv_bytes_per_token * 4
     assert engine.kv_pool.num_blocks == 2**16 // per_block
 

@@ -183,6 +183,36 @@ def test_lru_freed_blocks_stay_findable_until_needed_and_the_least_recently_free
     assert manager.cached_prefix(y) == y_blocks[:2] and manager.num_cached_free_blocks == 2
 
 
+def test_equal_blocks_after_different_prefixes_are_different_blocks():
+    """A block's K/V depends on every token before it, so its name is chained to its prefix. Here block 1 of A
+    and block 1 of B hold the same tokens after different block 0s: B must not hit A's (nor may a prompt that
+    starts with those tokens), and once B has computed its own, a prompt that continues B must find it."""
+    manager = PrefixCachingBlockManager(num_blocks=16, block_size=4)
+    equal = [50, 51, 52, 53]
+    a, b = [10, 11, 12, 13] + equal + [99], [20, 21, 22, 23] + equal + [98]
+    manager.allocate("a", a)
+    manager.cache_full_blocks("a", a, len(a))
+    assert manager.cached_prefix(b) == [] and manager.cached_prefix(equal + [99]) == []
+    assert manager.allocate("b", b) == 0
+    manager.cache_full_blocks("b", b, len(b))
+    a_blocks, b_blocks = manager.block_tables["a"], manager.block_tables["b"]
+    assert manager.cached_prefix(a + [1]) == a_blocks[:2]
+    assert manager.cached_prefix(b + [1]) == b_blocks[:2] and b_blocks[1] != a_blocks[1]
+
+
+def test_equal_blocks_after_different_prefixes_at_the_engine(engine_on, tied_checkpoint):
+    """The same through the engine: B computes the block it shares token for token with A (after another
+    first block), a continuation of B then hits both of B's blocks, and every request gets transformers' tokens."""
+    engine = engine_on(max_num_seqs=2, block_size=4, kv_cache_tokens=128)
+    equal = LONG[4:8]
+    a, b = LONG[:4] + equal + LONG[20:22], LONG[10:14] + equal + LONG[24:26]
+    continued = b[:8] + LONG[26:29]
+    for prompt, cached in ((a, 0), (b, 0), (continued, 8)):
+        (out,) = engine.generate([prompt], greedy(4), use_tqdm=False)
+        assert out.num_cached_tokens == cached and engine.stats.prompt_tokens_computed == len(prompt) - cached
+        assert out.token_ids == reference(tied_checkpoint[1], prompt, 4)
+
+
 def test_a_hash_collision_is_not_a_hit(monkeypatch):
     from milestones.m06_prefix_cache import block_manager as module
 

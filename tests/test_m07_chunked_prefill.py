@@ -56,8 +56,9 @@ def test_one_prompt_is_fed_in_chunks_of_the_budget(engine_on, tied_checkpoint, l
 
 
 def test_a_budget_of_one_token_still_finishes_everything_exactly(engine_on, tied_checkpoint):
+    # One token a step holds one running request (the config refuses a budget below max_num_seqs).
     prompts = [PROMPTS[0][:5], PROMPTS[1][:9], PROMPTS[2][:2]]
-    engine = engine_on(max_num_seqs=3, block_size=4, max_num_batched_tokens=1, kv_cache_tokens=128)
+    engine = engine_on(max_num_seqs=1, block_size=4, max_num_batched_tokens=1, kv_cache_tokens=128)
     with StepRecorder(engine) as recorder:
         outputs = engine.generate(prompts, greedy(3), use_tqdm=False)
     for prompt, out in zip(prompts, outputs):
@@ -145,6 +146,31 @@ def test_unlimited_budget_config():
     assert EngineConfig(max_num_batched_tokens=None).max_num_batched_tokens == UNLIMITED_TOKENS
     with pytest.raises(ValueError, match="max_num_batched_tokens"):
         EngineConfig(max_num_batched_tokens=0)
+
+
+def test_a_budget_below_max_num_seqs_is_refused_as_vllm_does():
+    # Decodes are served first, one token each, until the budget is spent: with fewer tokens than running
+    # requests some decoders would get nothing for whole steps, so "no decoder waits more than one step" needs
+    # max_num_batched_tokens >= max_num_seqs. vLLM's SchedulerConfig refuses the same.
+    from milestones.m07_chunked_prefill import EngineConfig
+    from milestones.m07_chunked_prefill.config import UNLIMITED_TOKENS
+
+    with pytest.raises(ValueError, match=r"^max_num_batched_tokens \(4\) must be at least max_num_seqs \(8\)"):
+        EngineConfig(max_num_batched_tokens=4, max_num_seqs=8)
+    assert EngineConfig(max_num_batched_tokens=8, max_num_seqs=8).max_num_batched_tokens == 8
+    assert EngineConfig(max_num_batched_tokens=None, max_num_seqs=8).max_num_batched_tokens == UNLIMITED_TOKENS
+
+
+def test_the_demo_refuses_a_budget_below_its_running_requests_in_one_line(tied_checkpoint, tokenizer_cache, capsys):
+    from milestones.m07_chunked_prefill.__main__ import main
+
+    with pytest.raises(SystemExit) as exited:  # 2 decoders + 1 long prompt run at once: a budget of 2 is too small
+        main(["--model", str(tied_checkpoint[0]), "--device", "cpu", "--num-decoders", "2", "--num-long", "1",
+              "--budgets", "2"])
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and "Traceback" not in err
+    (line,) = [line for line in err.splitlines() if "error:" in line]
+    assert "max_num_batched_tokens (2) must be at least max_num_seqs (3)" in line
 
 
 def test_demo_sweeps_budgets_with_identical_tokens(tied_checkpoint, tokenizer_cache, capsys):

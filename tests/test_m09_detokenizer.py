@@ -36,6 +36,23 @@ def test_multibyte_characters_split_across_tokens_are_held_until_complete(tokeni
     assert "" in deltas  # some steps sent nothing: half a character was waiting
 
 
+def test_a_stream_cut_inside_a_character_sends_its_bytes_when_it_finishes(tokenizer):
+    """max_tokens may end a request inside a character: "𠀀" is three tokens, and a request can stop after the
+    first or the second. Then no later token will complete it, so the finishing update sends what was held:
+    the text is exactly ``decode`` of the ids, replacement character and all, fed one by one or all at once."""
+    ids = tokenizer.encode("héllo 𠀀 wörld", add_special_tokens=False)
+    cuts = [n for n in range(1, len(ids) + 1) if tokenizer.decode(ids[:n]).endswith(REPLACEMENT_CHAR)]
+    assert len(cuts) >= 2  # after the first and the second of "𠀀"'s tokens
+    for n in cuts:
+        expected = tokenizer.decode(ids[:n])
+        deltas, _ = stream(tokenizer, ids[:n])
+        assert "".join(deltas) == expected and deltas[-1].endswith(REPLACEMENT_CHAR), n
+        assert not any(REPLACEMENT_CHAR in d for d in deltas[:-1])  # held back until the end...
+        deltas, _ = stream(tokenizer, ids[:n], stop=["never there"])  # ... with or without stop strings
+        assert "".join(deltas) == expected, n
+        assert IncrementalDetokenizer(tokenizer).update(ids[:n], finished=True) == expected, n
+
+
 def test_special_tokens_are_skipped(tokenizer):
     ids = tokenizer.encode("hi there", add_special_tokens=False) + [151645]  # <|im_end|>
     deltas, _ = stream(tokenizer, ids)

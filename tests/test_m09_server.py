@@ -24,7 +24,7 @@ from transformers import Qwen3ForCausalLM
 from conftest import random_prompts, tiny_hf_config
 from milestones.m09_server import EngineConfig, LLMEngine, SamplingParams
 from milestones.m09_server.app import build_app
-from milestones.m09_server.server_thread import ServerThread
+from milestones.common.server_thread import ServerThread
 
 MODEL_NAME = "tiny-chat"
 MAX_MODEL_LEN = 256
@@ -93,6 +93,22 @@ def wait_until_idle(engine, timeout_s: float = 30.0) -> None:
         time.sleep(0.02)
 
 
+def scrape_when_idle(server, timeout_s: float = 30.0) -> dict[str, float]:
+    """/metrics once its engine gauges show nothing running or waiting and every K/V block free.
+
+    The engine thread publishes the state /metrics reads after each step and each command (an abort, say), so a
+    scrape taken the moment the engine is idle, or a client has its answer, may still show the step before.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        values = scrape(server)
+        if (values["nanoserve_num_requests_running"] == values["nanoserve_num_requests_waiting"] == 0
+                and values["nanoserve_kv_cache_blocks_free"] == values["nanoserve_kv_cache_blocks_total"]):
+            return values
+        assert time.monotonic() < deadline, f"/metrics never showed an idle engine: {values}"
+        time.sleep(0.02)
+
+
 def scrape(server) -> dict[str, float]:
     """/metrics parsed by prometheus_client's own parser: {"name{label=value}": value}."""
     text = httpx.get(f"{server.url}/metrics").text
@@ -135,12 +151,61 @@ def test_streamed_completion_is_the_same_text_in_pieces(client, offline):
                                             stream=True, stream_options={"include_usage": True},
                                             extra_body={"ignore_eos": True, "return_token_ids": True}))
     *token_chunks, usage_chunk = chunks
-    assert len(token_chunks) == 12  # one chunk per generated token
+    # One chunk per engine step while the server keeps up; a stream that lags (a busy machine) gets the tokens
+    # waiting for it in one chunk. So the count of chunks is up to timing, and only this is fixed: every chunk
+    # carries at least one token, and the chunks together are the offline text and tokens, in order.
+    assert 1 <= len(token_chunks) <= 12
+    assert all(len(c.choices[0].token_ids) >= 1 for c in token_chunks)
     assert "".join(c.choices[0].text for c in token_chunks) == expected.text
     assert [t for c in token_chunks for t in c.choices[0].token_ids] == expected.token_ids
-    assert [c.choices[0].finish_reason for c in token_chunks] == [None] * 11 + ["length"]
+    assert [c.choices[0].finish_reason for c in token_chunks] == [None] * (len(token_chunks) - 1) + ["length"]
     assert usage_chunk.choices == [] and usage_chunk.usage.completion_tokens == 12
+    assert usage_chunk.usage.prompt_tokens == len(offline.tokenizer.encode(prompt, add_special_tokens=False))
     assert not any("\ufffd" in c.choices[0].text for c in token_chunks)
+
+
+def cut_inside_a_character(offline) -> tuple[list[int], int]:
+    """A prompt, and a max_tokens that ends its greedy output inside a character (its last token holds the first
+    bytes of a character that needs more). About one token in a hundred of Qwen3's does, so some of 16 random
+    prompts' first 16 tokens will."""
+    prompts = random_prompts(16, 4, 12, seed=41)
+    outputs = offline.generate(prompts, SamplingParams(max_tokens=16, ignore_eos=True), use_tqdm=False)
+    for prompt, output in zip(prompts, outputs):
+        for cut in range(1, len(output.token_ids) + 1):
+            if offline.tokenizer.decode(output.token_ids[:cut], skip_special_tokens=True).endswith("\ufffd"):
+                return prompt, cut
+    raise AssertionError("no greedy output of these prompts stops inside a character: try other prompts")
+
+
+def test_a_completion_cut_inside_a_character_is_what_decode_gives(client, offline):
+    """The detokenizer holds back a character's first bytes until its last arrive; when max_tokens ends the
+    request first, the finished text must still carry them, exactly as ``tokenizer.decode`` of the ids does."""
+    prompt, cut = cut_inside_a_character(offline)
+    expected = greedy(offline, prompt, cut, ignore_eos=True)
+    decoded = offline.tokenizer.decode(expected.token_ids, skip_special_tokens=True)
+    assert decoded.endswith("\ufffd") and expected.text == decoded  # the cut is inside a character
+    for stream in (False, True):
+        response = client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=cut, temperature=0,
+                                             stream=stream, extra_body={"ignore_eos": True, "return_token_ids": True})
+        pieces = [c.choices[0] for c in response] if stream else [response.choices[0]]
+        assert [t for p in pieces for t in p.token_ids] == expected.token_ids
+        assert "".join(p.text for p in pieces) == decoded, f"stream={stream}"
+        assert pieces[-1].finish_reason == "length"
+
+
+def test_usage_counts_the_whole_prompt_after_a_prefix_cache_hit(client, engine):
+    """The same prompt twice: the second finds its full blocks cached. ``prompt_tokens`` is still the whole
+    prompt (OpenAI's and vLLM's meaning); the cached part is reported beside it, in ``cached_tokens``."""
+    block_size = engine.config.block_size
+    prompt = random_prompts(1, 2 * block_size + 5, 2 * block_size + 5, seed=43)[0]  # two full blocks and a bit
+    kwargs = dict(model=MODEL_NAME, prompt=prompt, max_tokens=3, temperature=0, extra_body={"ignore_eos": True})
+    first = client.completions.create(**kwargs).usage
+    again = client.completions.create(**kwargs).usage
+    *_, last = client.completions.create(**kwargs, stream=True, stream_options={"include_usage": True})
+    assert first.prompt_tokens == len(prompt) and first.prompt_tokens_details.cached_tokens == 0
+    for usage in (again, last.usage):
+        assert usage.prompt_tokens == len(prompt) and usage.prompt_tokens_details.cached_tokens == 2 * block_size
+        assert usage.completion_tokens == 3 and usage.total_tokens == len(prompt) + 3
 
 
 def test_chat_streaming_and_not(client, offline, engine):
@@ -217,25 +282,37 @@ def test_sampling_with_a_seed_is_reproducible(client):
 
 
 @pytest.fixture
-def slow_aborts(engine, monkeypatch) -> list[str]:
-    """Steps slowed down (200 tokens take seconds), and every ``engine.abort`` call recorded: [request_id]."""
+def held_until_abort(server, engine, monkeypatch) -> list[str]:
+    """Once a request has a token, the engine takes no further step until the server asks it to abort one (its
+    client left), so the request cannot finish first however slow the machine; every ``engine.abort`` call is
+    recorded: [request_id]. (The hold waits a minute at most: a server that never aborts fails the test, not
+    the session.)"""
     wait_until_idle(engine)
-    real_step, real_abort, aborted = engine.step, engine.abort, []
+    async_engine = server.app.state.async_engine
+    real_step, real_abort, real_ask = engine.step, engine.abort, async_engine.abort
+    abort_asked, aborted = threading.Event(), []
 
-    def slow_step():
-        time.sleep(0.03)
+    def held_step():
+        if any(request.output_token_ids for request in engine.scheduler.running):
+            abort_asked.wait(timeout=60)
         return real_step()
 
     def recorded_abort(request_id):
         aborted.append(request_id)
         return real_abort(request_id)
 
-    monkeypatch.setattr(engine, "step", slow_step)
+    def ask_abort(stream):
+        real_ask(stream)  # the abort is queued for the engine thread before that thread is let go
+        abort_asked.set()
+
+    monkeypatch.setattr(engine, "step", held_step)
     monkeypatch.setattr(engine, "abort", recorded_abort)
-    return aborted
+    monkeypatch.setattr(async_engine, "abort", ask_abort)
+    yield aborted
+    abort_asked.set()  # never leave the engine thread waiting
 
 
-def test_disconnect_mid_stream_aborts_and_frees_the_blocks(server, engine, slow_aborts):
+def test_disconnect_mid_stream_aborts_and_frees_the_blocks(server, engine, held_until_abort):
     before = scrape(server)
     body = {"prompt": [5, 6, 7, 8], "max_tokens": 200, "stream": True, "ignore_eos": True}
     with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=60) as response:
@@ -245,24 +322,24 @@ def test_disconnect_mid_stream_aborts_and_frees_the_blocks(server, engine, slow_
         assert kv_in_use(engine) > 0
     # ... then the client hung up; the server aborts the request and its K/V comes back.
     wait_until_idle(engine)
-    assert slow_aborts == [running.request_id] and len(running.output_token_ids) < 200
-    after = scrape(server)
-    assert after["nanoserve_kv_cache_blocks_free"] == after["nanoserve_kv_cache_blocks_total"]
+    # Held after its first token, the request made at most one more step before the abort took effect.
+    assert held_until_abort == [running.request_id] and len(running.output_token_ids) <= 2
+    after = scrape_when_idle(server)
     assert after["nanoserve_requests_total{status=abort}"] == before["nanoserve_requests_total{status=abort}"] + 1
 
 
-def test_disconnect_while_waiting_for_a_non_streamed_answer_aborts(server, engine, slow_aborts):
+def test_disconnect_while_waiting_for_a_non_streamed_answer_aborts(server, engine, held_until_abort):
     body = json.dumps({"prompt": [5, 6, 7], "max_tokens": 200, "ignore_eos": True}).encode()
     with socket.create_connection((server.host, server.port)) as sock:
         sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
                      b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
         deadline = time.monotonic() + 30
-        while not engine.scheduler.running:  # the engine is working on it: hang up long before 200 tokens
+        while not engine.scheduler.running:  # the engine is working on it: hang up
             assert time.monotonic() < deadline
             time.sleep(0.01)
         (running,) = engine.scheduler.running
     wait_until_idle(engine)
-    assert slow_aborts == [running.request_id] and len(running.output_token_ids) < 200
+    assert held_until_abort == [running.request_id] and len(running.output_token_ids) <= 2
 
 
 # --------------------------------------------------------------------------- /metrics
@@ -277,7 +354,7 @@ def test_metrics_count_the_requests_sent(server, client, engine):
                                   extra_body={"ignore_eos": True})
     with pytest.raises(openai.BadRequestError):
         client.completions.create(model=MODEL_NAME, prompt=prompts[0], max_tokens=0)
-    after = scrape(server)
+    after = scrape_when_idle(server)  # the per-request counters are final before each answer is sent
 
     def grew(name: str) -> float:
         return after[name] - before.get(name, 0.0)
@@ -342,6 +419,13 @@ def test_bad_chat_requests_get_an_openai_error(server, case):
     assert_openai_error(httpx.post(f"{server.url}/v1/chat/completions", json=body), status, param)
 
 
+def test_every_problem_of_a_request_is_named_in_its_message(server):
+    response = httpx.post(f"{server.url}/v1/completions", json={"prompt": "hi", "max_tokens": 0, "temperature": -1})
+    assert_openai_error(response, 400, None)
+    message = response.json()["error"]["message"]
+    assert "max_tokens: " in message and "temperature: " in message and "more problem" not in message
+
+
 def test_malformed_json_and_a_body_that_is_not_an_object(server, client):
     for content in (b'{"prompt": "hi", ', b'["prompt"]'):
         response = httpx.post(f"{server.url}/v1/completions", content=content,
@@ -390,42 +474,52 @@ def test_engine_exception_fails_the_requests_it_touched_and_serving_goes_on(serv
 
 def test_graceful_shutdown_finishes_short_requests_and_aborts_long_ones(chat_checkpoint, tokenizer_cache):
     engine = LLMEngine(EngineConfig(model=str(chat_checkpoint), device="cpu", **engine_kwargs(max_num_seqs=4)))
+    short, long_ = 6, 200
     real_step = engine.step
 
-    def slow_step():
-        time.sleep(0.02)  # so that 200 tokens take seconds, far past the grace period
+    def step():
+        # Full speed while the short request runs; otherwise each step takes 50 ms at least, so the long one
+        # needs ~10 s, far past the grace period, however slow (or fast) the machine.
+        if not any(request.params.max_tokens == short for request in engine.scheduler.running):
+            time.sleep(0.05)
         return real_step()
 
-    engine.step = slow_step
-    server = ServerThread(build_app(engine), graceful_shutdown_s=1.5).start()
-    results, started = {}, threading.Barrier(3)
+    engine.step = step
+    server = ServerThread(build_app(engine), graceful_shutdown_s=3.0).start()
+    results, started = {}, threading.Barrier(3, timeout=60)
 
     def stream(name: str, max_tokens: int) -> None:
-        body = {"prompt": [5, 6, 7], "max_tokens": max_tokens, "ignore_eos": True, "stream": True}
-        chunks = 0
+        """Count the tokens (not the chunks: a lagging stream gets several tokens in one) until [DONE] or a cut."""
+        body = {"prompt": [5, 6, 7], "max_tokens": max_tokens, "ignore_eos": True, "stream": True,
+                "return_token_ids": True}
+        tokens = 0
         try:
             with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=60) as response:
                 for line in response.iter_lines():
                     if line.startswith("data: {"):
-                        chunks += 1
-                        if chunks == 1:
+                        first = tokens == 0
+                        tokens += len(json.loads(line[6:])["choices"][0]["token_ids"])
+                        if first:
                             started.wait()
                     if line == "data: [DONE]":
-                        results[name] = ("done", chunks)
+                        results[name] = ("done", tokens)
                         return
         except httpx.HTTPError:
             pass
-        results[name] = ("cut", chunks)
+        results[name] = ("cut", tokens)
 
-    clients = [threading.Thread(target=stream, args=(name, n)) for name, n in (("short", 6), ("long", 200))]
-    for thread in clients:
-        thread.start()
-    started.wait()  # both are streaming
-    server.stop()
-    for thread in clients:
-        thread.join()
-    assert results["short"] == ("done", 6)
-    assert results["long"][0] == "cut" and results["long"][1] < 200
+    clients = [threading.Thread(target=stream, args=(name, n)) for name, n in (("short", short), ("long", long_))]
+    try:
+        for thread in clients:
+            thread.start()
+        started.wait()  # both are streaming
+    finally:
+        server.stop()
+        for thread in clients:
+            thread.join(timeout=60)
+    assert not any(thread.is_alive() for thread in clients)
+    assert results["short"] == ("done", short)
+    assert results["long"][0] == "cut" and 1 <= results["long"][1] < long_
     assert not engine.has_unfinished() and kv_in_use(engine) == 0
     assert not server.thread.is_alive()
 
@@ -434,7 +528,7 @@ def test_graceful_shutdown_finishes_short_requests_and_aborts_long_ones(chat_che
 
 
 def test_cli_maps_vllm_flags_and_refuses_the_ones_the_engine_lacks(capsys):
-    from milestones.m09_server.cli import engine_config, serve_parser
+    from milestones.common.serve_cli import engine_config, serve_parser
 
     @dataclasses.dataclass
     class SmallConfig:
@@ -474,6 +568,8 @@ def test_reliability_run_with_disconnecting_clients(server, engine):
     wait_until_idle(engine)
     requests = [(prompt, 3 + i % 10) for i, prompt in enumerate(random_prompts(24, 2, 20, seed=17))]
     report = reliability_run(server.url, MODEL_NAME, requests, disconnect_fraction=0.25, seed=1, progress=False)
+    # Seed 1 picks five clients to hang up: three before their first chunk, whatever the timing; two after 5 and
+    # 6 chunks, which a lagging stream (several tokens to a chunk) may never reach.
     assert report["disconnected"] >= 3 and report["server_errors"] == 0
     assert report["completed_full_length"] == 24 - report["disconnected"]
     assert report["kv_blocks_free_after"] == report["kv_blocks_total"] > 0
@@ -493,7 +589,9 @@ def test_online_benchmark_serves_a_milestone_and_writes_json(tmp_path, tokenizer
     for run in saved["runs"]:
         summary = run["summary"]
         assert summary["completed_full_length"] == 4 and summary["output_tokens"] == 12 and summary["errors"] == 0
-        assert summary["ttft_p50_s"] <= summary["ttft_p99_s"] and summary["itl_p50_s"] > 0
+        assert 0 < summary["ttft_p50_s"] <= summary["ttft_p99_s"]
+        # Gaps between chunks; a stream that lagged got its tokens in fewer chunks (maybe one: no gap at all).
+        assert summary["itl_p50_s"] is None or summary["itl_p50_s"] > 0
         assert run["server_after"]["kv_cache_blocks_free"] == run["server_after"]["kv_cache_blocks_total"]
     assert saved["offline_reference"]["output_tokens"] == 12 and saved["burst_vs_offline"] > 0
     assert saved["clients"] == "a worker process of their own"

@@ -1,9 +1,10 @@
 """m10 on the CPU: the batch-size ladder, padding to a graph's size, the eager fallback, packed layers, the server.
 
 CUDA graphs need a GPU, so capture and replay themselves are checked in the GPU suite's float32 gate. Here the same
-static buffers are filled and run without capturing (``CUDAGraphRunner(capture=False)``), with the Triton kernels
-in Triton's interpreter: that checks what a replay reads (token ids, positions, slot mapping, block tables,
-context lengths, padding rows) token for token against transformers, and after blocks were freed and reused.
+static buffers, built as the engine builds them on a GPU (``build_graph_runner``: the ladder and the block-table
+width from the config) but with ``capture=False``, are filled and run with the Triton kernels in Triton's
+interpreter: that checks what a replay reads (token ids, positions, slot mapping, block tables, context lengths,
+padding rows) token for token against transformers, and after blocks were freed and reused.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import torch
 from conftest import GREEDY_MAX_TOKENS, mixed_length_prompts, random_prompts
 from milestones.m01_naive_loop import SamplingParams
 from milestones.m10_cuda_graphs import EngineConfig, LLMEngine
-from milestones.m10_cuda_graphs.graph_runner import CUDAGraphRunner, batch_size_ladder, padded_batch_size
+from milestones.m10_cuda_graphs.graph_runner import batch_size_ladder, padded_batch_size
 
 GREEDY = SamplingParams(max_tokens=GREEDY_MAX_TOKENS, ignore_eos=True)
 
@@ -62,15 +63,40 @@ def test_packed_weights_are_the_checkpoint_weights_side_by_side(tiny_checkpoint,
     assert torch.equal(after.self_attn.qk_norm_weight[heads], attn.k_norm.weight)
 
 
+def replaying(config: EngineConfig) -> LLMEngine:
+    """m10 with the runner its config asks for (``build_graph_runner``, as on a GPU), built without capturing:
+    decode steps then run through the static buffers, with the kernels in Triton's interpreter."""
+    engine = LLMEngine(config)
+    assert engine.graph_runner is None  # no GPU: the engine itself runs every step eagerly
+    engine.graph_runner = engine.build_graph_runner(capture=False)
+    return engine
+
+
 @pytest.fixture
 def replaying_engine(tied_checkpoint, tokenizer_cache):
     """m10 on the Triton backend (interpreter) with a non-capturing runner over a ladder up to 8 rows."""
-    engine = LLMEngine(EngineConfig(model=str(tied_checkpoint[0]), device="cpu", max_num_seqs=5, block_size=4,
-                                    kv_cache_tokens=600, attention_backend="triton"))
-    max_blocks = -(-engine.max_model_len // engine.config.block_size)
-    engine.graph_runner = CUDAGraphRunner(engine.model, engine.kv_pool, batch_size_ladder(5), max_blocks,
-                                          engine.max_model_len, engine.device, capture=False)
-    return engine
+    return replaying(EngineConfig(model=str(tied_checkpoint[0]), device="cpu", max_num_seqs=5, block_size=4,
+                                  kv_cache_tokens=600, attention_backend="triton"))
+
+
+def test_the_runner_is_built_from_the_config(tied_checkpoint, tokenizer_cache):
+    """The ladder ends at ``max_cuda_graph_batch_size`` (default ``max_num_seqs``); the block tables hold
+    ``ceil(max_model_len / block_size)`` blocks, so the longest sequence the engine accepts replays too: here up
+    to 50 tokens in blocks of 4 (13 blocks, the last one part full), decoded through the static buffers."""
+    from conftest import hf_greedy
+
+    directory, hf_model = tied_checkpoint
+    knobs = dict(model=str(directory), device="cpu", block_size=4, kv_cache_tokens=256, max_model_len=50,
+                 attention_backend="triton")
+    engine = replaying(EngineConfig(max_num_seqs=8, max_cuda_graph_batch_size=4, **knobs))
+    runner = engine.graph_runner
+    assert runner.ladder == batch_size_ladder(4) == [1, 2, 4] and runner.graphs == {}
+    assert tuple(runner.block_tables.shape) == (4, 13) and runner.max_context_len == 50
+    assert replaying(EngineConfig(max_num_seqs=8, **knobs)).graph_runner.ladder == [1, 2, 4, 8]
+    prompt = random_prompts(1, 44, 44, seed=23)[0]
+    (out,) = engine.generate([prompt], SamplingParams(max_tokens=6, ignore_eos=True), use_tqdm=False)
+    assert out.token_ids == hf_greedy(hf_model, prompt, 6)  # its last step reads 49 tokens: all 13 blocks
+    assert engine.stats.graph_steps == 5 and engine.stats.eager_steps == 1
 
 
 def test_static_buffers_padding_and_block_tables_give_transformers_tokens(replaying_engine, tied_checkpoint):
@@ -106,7 +132,7 @@ def test_padding_rows_write_nowhere_and_read_nothing(replaying_engine):
 def test_the_server_serves_m10_unchanged_with_enforce_eager(tied_checkpoint, tokenizer_cache):
     openai = pytest.importorskip("openai")
     from milestones.m09_server.app import build_app
-    from milestones.m09_server.server_thread import ServerThread
+    from milestones.common.server_thread import ServerThread
 
     engine = LLMEngine(EngineConfig(model=str(tied_checkpoint[0]), device="cpu", enforce_eager=True,
                                     max_num_seqs=4, kv_cache_tokens=512))

@@ -16,7 +16,6 @@ measured 0.027 / 0.46 / 0.06 relative RMS error for int8 / int4 / FP8 K/V, bound
 from __future__ import annotations
 
 import json
-import os
 import random
 import subprocess
 import sys
@@ -25,8 +24,6 @@ from pathlib import Path
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # before anything imports triton (m08's switch does the same)
 pytest.importorskip("triton")
 
 from conftest import INIT_STD, GREEDY_MAX_TOKENS, mixed_length_prompts, randomize_norm_weights  # noqa: E402
@@ -318,11 +315,10 @@ def test_quantized_logits_are_within_the_stated_tolerances(groupable_checkpoint,
 
 
 def test_the_triton_kernels_and_graphs_give_the_torch_paths_logits(groupable_checkpoint, tokenizer_cache):
-    """int4 matmuls and an FP8 cache through the Triton kernels, decode steps through m10's graph runner: the same
-    logits as the torch paths. With CUDA the graphs are captured and replayed; without, the kernels run in Triton's
-    interpreter and the runner fills the same static buffers without capturing."""
-    from milestones.m10_cuda_graphs.graph_runner import CUDAGraphRunner, batch_size_ladder
-
+    """int4 matmuls and an FP8 cache through the Triton kernels, decode steps through the graph runner (the
+    previous milestone's, with its fused layers): the same logits as the torch paths. With CUDA the graphs are
+    captured and replayed; on a CPU the kernels run in Triton's interpreter and the runner fills the same static
+    buffers without capturing."""
     knobs = dict(quantization="int4", kv_cache_dtype="fp8", max_num_seqs=2, device=str(DEVICE), dtype="float32")
     torch_path = make_engine(groupable_checkpoint, attention_backend="torch", enforce_eager=True, **knobs)
     triton_path = make_engine(groupable_checkpoint, attention_backend="triton", **knobs)
@@ -331,10 +327,7 @@ def test_the_triton_kernels_and_graphs_give_the_torch_paths_logits(groupable_che
             if isinstance(module, QuantizedLinear):
                 module.kernel = kernel
     if not CUDA:
-        max_blocks = -(-triton_path.max_model_len // triton_path.config.block_size)
-        triton_path.graph_runner = CUDAGraphRunner(triton_path.model, triton_path.kv_pool, batch_size_ladder(2),
-                                                   max_blocks, triton_path.max_model_len, triton_path.device,
-                                                   capture=False)
+        triton_path.graph_runner = triton_path.build_graph_runner(capture=False)
     prompts = accuracy_prompts()[:2]  # a prompt step (eager), then decode steps (the graph runner's buffers)
     continuations = [o.token_ids for o in torch_path.generate(prompts, SamplingParams(max_tokens=3, ignore_eos=True),
                                                               use_tqdm=False)]
@@ -347,7 +340,7 @@ def test_the_triton_kernels_and_graphs_give_the_torch_paths_logits(groupable_che
 
 
 def test_fp8_cache_holds_more_tokens_in_the_same_memory(groupable_checkpoint, tokenizer_cache):
-    knobs = dict(kv_cache_memory_gib=0.01)
+    knobs = dict(kv_cache_memory_bytes=10 * 2**20)
     plain = LLMEngine(EngineConfig(model=str(groupable_checkpoint), device="cpu", **knobs))
     fp8 = LLMEngine(EngineConfig(model=str(groupable_checkpoint), device="cpu", kv_cache_dtype="fp8", **knobs))
     ratio = plain.kv_bytes_per_token // fp8.kv_bytes_per_token
@@ -395,23 +388,35 @@ def test_bad_combinations_are_refused_in_one_line(tied_checkpoint, tokenizer_cac
 
 
 def test_the_server_serves_a_quantized_engine_with_vllms_flags(groupable_checkpoint, tokenizer_cache):
-    openai = pytest.importorskip("openai")
-    from milestones.m09_server import cli
-    from milestones.m09_server.app import build_app
-    from milestones.m09_server.server_thread import ServerThread
+    """``serve --quantization int8 --kv-cache-dtype fp8``: the flags reach m13's config, and the engine, in the
+    engine core's process of its own, streams exactly what it generates offline."""
+    import asyncio
 
-    parser = cli.serve_parser("serve")
+    from milestones.common import serve_cli
+
+    parser = serve_cli.serve_parser("serve", EngineConfig)
     args = parser.parse_args(["--model", str(groupable_checkpoint), "--device", "cpu", "--quantization", "int8",
                               "--kv-cache-dtype", "fp8", "--kv-cache-tokens", "512", "--max-num-seqs", "2"])
-    engine = cli.build_engine("milestones.m13_quantization", args, parser)
-    assert engine.config.quantization == "int8" and isinstance(engine.kv_pool, FP8PagedKVCache)
-    offline = engine.generate([[5, 6, 7, 8]], SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)[0]
-    with ServerThread(build_app(engine, served_model_name="m13-int8")) as running:
-        client = openai.OpenAI(base_url=f"{running.url}/v1", api_key="unused", max_retries=0, timeout=60)
-        reply = client.completions.create(model="m13-int8", prompt=[5, 6, 7, 8], max_tokens=4, temperature=0,
-                                          extra_body={"ignore_eos": True, "return_token_ids": True})
-    choice = reply.choices[0]
-    assert (getattr(choice, "token_ids", None) or choice.model_extra.get("token_ids")) == offline.token_ids
+    config = serve_cli.engine_config(EngineConfig, args, parser)
+    assert config.quantization == "int8" and config.kv_cache_dtype == "fp8"
+    prompts, params = [[5, 6, 7, 8], [9, 10, 11]], SamplingParams(max_tokens=4, ignore_eos=True)
+    offline = [o.token_ids for o in LLMEngine(config).generate(prompts, params, use_tqdm=False)]
+
+    async def serve() -> list[list[int]]:
+        client = LLMEngine.make_engine_client(config)
+        client.start()
+        try:
+            streams = [await client.add_request(p, params) for p in prompts]
+            results = []
+            for stream in streams:
+                async for output in stream:
+                    last = output
+                results.append(list(last.token_ids))
+            return results
+        finally:
+            await client.shutdown()
+
+    assert asyncio.run(asyncio.wait_for(serve(), 120)) == offline
 
 
 def test_a_cpu_with_float8_support_is_accepted():

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import ast
+import dataclasses
 import importlib
 import pkgutil
+import re
+import typing
+from pathlib import Path
 
 import pytest
 
@@ -38,3 +43,72 @@ def test_each_milestone_extends_the_previous_one(previous, current):
 def test_has_a_demo_with_main(name):
     demo = importlib.import_module(f"milestones.{name}.__main__")
     assert callable(demo.main)
+
+
+# --------------------------------------------------------------------------- imports run down the tower only
+
+MILESTONES_DIR = Path(milestones.__file__).parent
+NUMBERED_IMPORT = re.compile(r"milestones\.m(\d\d)_")
+
+
+def imported_modules(package_dir: Path) -> set[str]:
+    names = set()
+    for path in package_dir.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names.add(node.module)
+            elif isinstance(node, ast.Import):
+                names.update(alias.name for alias in node.names)
+    return names
+
+
+@pytest.mark.parametrize("name", PACKAGES)
+def test_a_milestone_imports_only_itself_and_earlier_ones(name):
+    own = int(name[1:3])
+    later = sorted(m for m in imported_modules(MILESTONES_DIR / name) if (n := NUMBERED_IMPORT.match(m))
+                   and int(n.group(1)) > own)
+    assert not later, f"{name} imports later milestones: {later}"
+    assert not any(m == "benchmarks" or m.startswith("benchmarks.") for m in imported_modules(MILESTONES_DIR / name))
+
+
+def test_the_shared_plumbing_imports_no_milestone():
+    """m01 imports milestones.common, so common importing any milestone would be an arrow back up the tower."""
+    numbered = sorted(m for m in imported_modules(MILESTONES_DIR / "common") if NUMBERED_IMPORT.match(m))
+    assert not numbered, f"milestones/common imports {numbered}: pass the class in as a parameter instead"
+
+
+# --------------------------------------------------------------------------- one rule for every config field
+
+def int_fields(config_cls) -> list[tuple[str, int]]:
+    """(name, least valid value) of every ``int`` or ``int | None`` field of a config class."""
+    hints = typing.get_type_hints(config_cls)
+    found = []
+    for field in dataclasses.fields(config_cls):
+        if hints[field.name] in (int, int | None):
+            found.append((field.name, field.metadata.get("range", {}).get("at_least", 1)))
+    return found
+
+
+BAD_INTS = (True, False, "3", 1.5, -1, 0)  # the last two only below the field's least value
+BAD_INT_CASES = [(name, field, bad) for name in PACKAGES
+                 for field, least in int_fields(importlib.import_module(f"milestones.{name}").EngineConfig)
+                 for bad in BAD_INTS if isinstance(bad, (bool, str, float)) or bad < least]
+
+
+@pytest.mark.parametrize("name, field, bad", BAD_INT_CASES, ids=[f"{n[:3]}-{f}={b!r}" for n, f, b in BAD_INT_CASES])
+def test_every_int_field_of_every_config_refuses_a_bad_value_naming_the_field(name, field, bad):
+    """A bool is no integer anywhere (True == 1 in Python), and every bad value is one line naming its field."""
+    config_cls = importlib.import_module(f"milestones.{name}").EngineConfig
+    with pytest.raises(ValueError, match=rf"^{field} must be an integer") as refused:
+        config_cls(**{field: bad})
+    assert "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize("name", PACKAGES)
+def test_every_bool_field_refuses_what_is_not_a_bool(name):
+    config_cls = importlib.import_module(f"milestones.{name}").EngineConfig
+    hints = typing.get_type_hints(config_cls)
+    for field in (f.name for f in dataclasses.fields(config_cls) if hints[f.name] is bool):
+        for bad in (1, "yes", None):
+            with pytest.raises(ValueError, match=rf"^{field} must be True or False"):
+                config_cls(**{field: bad})

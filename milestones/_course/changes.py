@@ -6,9 +6,12 @@ So its delta is fully described by four lists, which ``step_changes`` computes:
 * **new modules**: every file of its package (all of it is new code);
 * **new classes**: classes defined there whose ancestors are all outside the course (``KVCache``, ``Scheduler``);
 * **extended classes**: classes that subclass an earlier milestone's class, each with the methods it
-  overrides and the methods it adds. The method an override replaces is found the way Python finds it: the
-  first class after the new one in its MRO whose body defines that name (so m05's ``run`` may replace m04's,
-  and a method m04 never touched is replaced straight from m02);
+  overrides, the methods it *retires* (an override that only raises ``NotImplementedError``: the new engine no
+  longer takes that path), the methods it adds and the class attributes it sets (``scheduler_class = ...``).
+  The method an override replaces is found the way Python finds it: the first class after the new one in its
+  MRO whose body defines that name (so m05's ``run`` may replace m04's, and a method m04 never touched is
+  replaced straight from m02). An override that calls ``super().name(...)`` *extends* the method: every line
+  of the old one still runs;
 * **new config fields**: dataclass fields of its ``EngineConfig`` that the previous ``EngineConfig`` lacks.
 
 ``ast`` says what is *written* in a class body (a ``@dataclass`` also puts generated ``__init__``/``__eq__``
@@ -72,6 +75,12 @@ class Override:
     new: Source
     old: Source | None  # None when the replaced method has no source of its own (e.g. made by @dataclass)
     replaced: str  # qualified name of what it replaces, e.g. "m01_naive_loop.engine.LLMEngine.generate_one"
+    retired: str | None = None  # the NotImplementedError's message, when the override only raises it
+
+    @property
+    def calls_super(self) -> bool:
+        """Whether the new method runs the one it replaces (``super().name(``): then the old lines still run."""
+        return any(f"super().{self.method}(" in line for line in self.new.lines)
 
 
 @dataclass(frozen=True)
@@ -81,6 +90,11 @@ class ExtendedClass:
     extends: str  # the nearest earlier-milestone ancestor, e.g. "m01_naive_loop.engine.LLMEngine"
     overrides: tuple[Override, ...]
     new_methods: tuple[str, ...]
+    attributes: tuple[str, ...] = ()  # class attributes set in its body, as written: 'scheduler_class = Scheduler'
+
+    @property
+    def retired(self) -> tuple[Override, ...]:
+        return tuple(o for o in self.overrides if o.retired is not None)
 
 
 @dataclass(frozen=True)
@@ -172,6 +186,29 @@ def _method_source(cls: type, name: str) -> Source | None:
     return None
 
 
+def _retired_message(method: ast.FunctionDef | ast.AsyncFunctionDef) -> str | None:
+    """The message of ``raise NotImplementedError("...")`` when that (after a docstring) is the whole body."""
+    body = method.body[1:] if ast.get_docstring(method) else method.body
+    if len(body) != 1 or not isinstance(body[0], ast.Raise) or not isinstance(body[0].exc, ast.Call):
+        return None
+    call = body[0].exc
+    if not (isinstance(call.func, ast.Name) and call.func.id == "NotImplementedError"):
+        return None
+    return call.args[0].value if call.args and isinstance(call.args[0], ast.Constant) else ""
+
+
+def _attributes(cls: type, node: ast.ClassDef, lines: list[str]) -> tuple[str, ...]:
+    """Class attributes given a value in the class body, each as its source on one line; an annotated one (a
+    dataclass field) only where it redeclares an inherited one (a new field is listed as a config field)."""
+    def inherited(name: str) -> bool:
+        return any(name in getattr(base, "__annotations__", {}) for base in cls.__mro__[1:])
+
+    assigned = [n for n in node.body if isinstance(n, ast.Assign) or (
+        isinstance(n, ast.AnnAssign) and n.value and isinstance(n.target, ast.Name) and inherited(n.target.id))]
+    return tuple(" ".join(line.strip() for line in lines[n.lineno - 1:n.end_lineno]).split("  #")[0]
+                 for n in assigned)
+
+
 def _extended_class(cls: type, node: ast.ClassDef, path: Path, lines: list[str], ancestor: type) -> ExtendedClass:
     overrides, new_methods = [], []
     owner = f"{_short(cls.__module__)}.{cls.__qualname__}"
@@ -184,10 +221,11 @@ def _extended_class(cls: type, node: ast.ClassDef, path: Path, lines: list[str],
             class_name=cls.__name__, method=method.name,
             new=_source(method, path, lines, f"{owner}.{method.name}"),
             old=_method_source(replaced_cls, method.name),
-            replaced=f"{_short(replaced_cls.__module__)}.{replaced_cls.__qualname__}.{method.name}"))
+            replaced=f"{_short(replaced_cls.__module__)}.{replaced_cls.__qualname__}.{method.name}",
+            retired=_retired_message(method)))
     return ExtendedClass(cls.__name__, f"{_rel(path)}:{node.lineno}",
                          f"{_short(ancestor.__module__)}.{ancestor.__qualname__}", tuple(overrides),
-                         tuple(new_methods))
+                         tuple(new_methods), _attributes(cls, node, lines))
 
 
 def _field_doc(config_cls: type, name: str) -> str:

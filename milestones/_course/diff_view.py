@@ -9,6 +9,9 @@ wide enough for two columns of code, one above the other otherwise::
                                       | + a line only the new one has
 
 ``-`` marks lines only the replaced method has, ``+`` lines only the new one has (``difflib`` aligns them).
+An override that calls ``super().name(...)`` *extends* the old method, whose lines all still run: it is shown
+against its own signature and ``super()`` call, so that only what it adds is marked. A retired method (one
+that only raises ``NotImplementedError``) is one line: the path the new engine no longer takes.
 """
 
 from __future__ import annotations
@@ -54,11 +57,21 @@ def _align(old: list[str], new: list[str]) -> Iterator[tuple[str | None, str | N
             yield from ((a, b, False) for a, b in zip_longest(old[i1:i2], new[j1:j2]))
 
 
+def _kept_lines(override: Override) -> list[str]:
+    """What an override that calls ``super()`` keeps of the old method as written: its signature and the call
+    (the rest of the old method runs inside that call, unchanged)."""
+    lines = list(override.new.lines)
+    header = next((i for i, line in enumerate(lines) if line.split("#")[0].rstrip().endswith(":")), 0)
+    return lines[:header + 1] + [line for line in lines[header + 1:] if f"super().{override.method}(" in line]
+
+
 def _dedented(override: Override) -> tuple[list[str], list[str]]:
-    """Both sources without their common class-body indentation, tabs expanded."""
+    """Both sides without their common class-body indentation, tabs expanded (``_kept_lines`` as the old side
+    of an override that calls ``super()``)."""
     def clean(lines) -> list[str]:
         return textwrap.dedent("\n".join(lines).expandtabs(4)).splitlines()
-    return clean(override.old.lines if override.old else ()), clean(override.new.lines)
+    old = _kept_lines(override) if override.calls_super else (override.old.lines if override.old else ())
+    return clean(old), clean(override.new.lines)
 
 
 def _wrap(text: str, width: int) -> list[str]:
@@ -101,22 +114,23 @@ def stacked(override: Override, style: Style) -> list[str]:
     """
     old, new = _dedented(override)
     rows = list(_align(old, new))
-    out = [style(f"  replaces: {override.old.location}", "dim")]
+    out = [style(f"  replaces: {_old_location(override)}", "dim")]
     out += [style(f"- {a}", "red") if not same else f"  {a}" for a, _, same in rows if a is not None]
     out += [style(f"  with: {override.new.location}", "dim")]
     out += [style(f"+ {b}", "green") if not same else f"  {b}" for _, b, same in rows if b is not None]
     return out
 
 
-def calls_super(override: Override) -> bool:
-    """Whether the new method runs the one it replaces (``super().name(``), so the old lines still run."""
-    return any(f"super().{override.method}(" in line for line in override.new.lines)
-
-
 def _override_title(override: Override, style: Style) -> str:
-    note = ", and calls it through super()" if calls_super(override) else ""
-    return (style(f"-- {override.class_name}.{override.method}", "bold", "yellow")
-            + style(f"  replaces {override.replaced}{note}", "dim"))
+    if override.calls_super:
+        note = f"  extends {override.replaced}: calls it through super(), so all of it still runs"
+    else:
+        note = f"  replaces {override.replaced}"
+    return style(f"-- {override.class_name}.{override.method}", "bold", "yellow") + style(note, "dim")
+
+
+def _old_location(override: Override) -> str:
+    return f"{override.old.location} (runs in super())" if override.calls_super else override.old.location
 
 
 def _fit(text: str, room: int) -> str:
@@ -158,8 +172,12 @@ def full_view(changes: StepChanges, width: int, layout: str, style: Style) -> li
     for cls in changes.extended_classes:
         out.append(f"  {style(cls.name, 'cyan')}  {style(cls.location.removeprefix(package), 'dim')}  "
                    f"extends {cls.extends}")
-        out.append(f"    overrides    {', '.join(o.method for o in cls.overrides) or '-'}")
+        out.append(f"    overrides    {', '.join(o.method for o in cls.overrides if not o.retired) or '-'}")
+        if cls.retired:
+            out.append(f"    retires      {', '.join(o.method for o in cls.retired)}")
         out.append(f"    new methods  {', '.join(cls.new_methods) or '-'}")
+        if cls.attributes:
+            out.append(f"    sets         {'; '.join(cls.attributes)}")
     if not changes.extended_classes:
         out.append("  none")
     out.append("")
@@ -173,7 +191,7 @@ def full_view(changes: StepChanges, width: int, layout: str, style: Style) -> li
                 for f in changes.config_fields] or ["  none (its own EngineConfig adds no field)"]
     out.append("")
 
-    overrides = changes.overrides
+    overrides = [o for o in changes.overrides if o.retired is None]
     out.append(_heading(f"Overridden methods ({len(overrides)})", style))
     two_columns = layout == "side-by-side" or (layout == "auto" and width >= SIDE_BY_SIDE_MIN_WIDTH)
     for override in overrides:
@@ -184,12 +202,22 @@ def full_view(changes: StepChanges, width: int, layout: str, style: Style) -> li
             out += [style(f"+ {line}", "green") for line in _dedented(override)[1]]
         elif two_columns:
             pane = (width - 3) // 2
-            out.append(style(f"  {override.old.location}".ljust(pane) + " | " + f"  {override.new.location}", "dim"))
+            out.append(style(f"  {_old_location(override)}".ljust(pane) + " | " + f"  {override.new.location}",
+                             "dim"))
             out += side_by_side(override, width, style)
         else:
             out += stacked(override, style)
         out.append("")
+    retired = [o for o in changes.overrides if o.retired is not None]
+    if retired:
+        out.append(_heading(f"Retired methods ({len(retired)}): the new engine no longer takes these paths", style))
+        out += [_retired_line(o, style) for o in retired] + [""]
     return [line.rstrip() for line in out]
+
+
+def _retired_line(override: Override, style: Style) -> str:
+    return (style(f"-- {override.class_name}.{override.method}", "bold", "yellow")
+            + style(f"  retires {override.replaced}: ", "dim") + override.retired)
 
 
 _HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
@@ -199,15 +227,23 @@ def unified(changes: StepChanges, style: Style) -> list[str]:
     """A unified diff of every overridden method against the one it replaces, with the files' line numbers."""
     out = [style(f"# {changes.old.name} -> {changes.new.name}: {changes.new.idea}", "bold")]
     for override in changes.overrides:
-        old_lines = list(override.old.lines) if override.old else []
+        if override.retired is not None:
+            out.append(f"# {override.class_name}.{override.method} retires {override.replaced}: {override.retired}")
+            continue
+        old_lines = _kept_lines(override) if override.calls_super else list(override.old.lines) if override.old else []
         new_lines = list(override.new.lines)
         old_path = f"a/{override.old.path}" if override.old else "/dev/null"
-        diff = difflib.unified_diff(old_lines, new_lines, old_path, f"b/{override.new.path}",
-                                    n=max(len(old_lines), len(new_lines)), lineterm="")
+        if override.calls_super:  # the old side is what the new method keeps: signature and super() call
+            old_path += f" ({override.replaced} runs whole, through super())"
+        diff = list(difflib.unified_diff(old_lines, new_lines, old_path, f"b/{override.new.path}",
+                                         n=max(len(old_lines), len(new_lines)), lineterm=""))
+        if not diff:
+            out.append(f"# {override.class_name}.{override.method} extends {override.replaced} and adds no line")
         for line in diff:
             hunk = _HUNK.match(line)
             if hunk:  # difflib counts from the method's first line; shift to the files' own numbers
-                a0 = int(hunk[1]) + (override.old.first_line - 1 if override.old else 0)
+                a_first = override.new.first_line if override.calls_super else override.old.first_line
+                a0 = int(hunk[1]) + (a_first - 1 if override.old else 0)
                 b0 = int(hunk[3]) + override.new.first_line - 1
                 a_len = f",{hunk[2]}" if hunk[2] is not None else ""
                 b_len = f",{hunk[4]}" if hunk[4] is not None else ""
@@ -234,10 +270,12 @@ def stat(all_changes: list[StepChanges], width: int, style: Style) -> list[str]:
     out = []
     for changes in all_changes:
         num_new_methods = sum(len(c.new_methods) for c in changes.extended_classes)
+        num_retired = sum(len(c.retired) for c in changes.extended_classes)
+        retired = f" ({num_retired} of them retired)" if num_retired else ""
         out.append(f"{style(changes.new.name, 'bold', 'cyan')} (after {changes.old.key}): "
                    f"{len(changes.file_lines)} files, +{sum(changes.file_lines.values())} lines; "
                    f"classes {len(changes.new_classes)} new, {len(changes.extended_classes)} extended; "
-                   f"methods {len(changes.overrides)} overridden, {num_new_methods} new; "
+                   f"methods {len(changes.overrides)} overridden{retired}, {num_new_methods} new; "
                    f"config fields +{len(changes.config_fields)}")
         for path, n in changes.file_lines.items():
             bar = "+" * max(1, round(n / longest * bar_room))

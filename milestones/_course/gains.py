@@ -307,7 +307,10 @@ def gains_of(key: str, results_dir: Path = RESULTS_DIR) -> list[Gain | Pending]:
 # ---- words -------------------------------------------------------------------------------------------------
 
 def format_ratio(value: float) -> str:
-    return f"{value:.0f}x" if value >= 10 else f"{value:.2f}x"
+    """Three significant digits below 100 (``16.5x``, never rounded to ``16x``), whole numbers above."""
+    if value >= 100:
+        return f"{value:,.0f}x"
+    return f"{value:.1f}x" if value >= 10 else f"{value:.2f}x"
 
 
 def format_value(metric: str, value: float) -> str:

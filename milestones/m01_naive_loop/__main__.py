@@ -8,9 +8,9 @@ with the prompt, and the tokens computed growing like ``max_tokens * (prompt + m
 from __future__ import annotations
 
 from milestones.m01_naive_loop import EngineConfig, LLMEngine, SamplingParams
-from milestones.m01_naive_loop.demo import (Case, check_cases, demo_parser, engine_config, exit_on_bad_input,
-                                            measure, parse_args, positive_int, positive_int_list, print_speedup,
-                                            print_table, random_prompts)
+from milestones.common.demo import (Case, check_cases, demo_parser, engine_config, exit_on_bad_input, measure,
+                                    parse_args, positive_int, positive_int_list, print_speedup, print_table,
+                                    random_prompts)
 from milestones.m01_naive_loop.loader import PRESETS
 
 TEXT_PROMPTS = ["The capital of France is", "A KV cache makes decoding faster because"]

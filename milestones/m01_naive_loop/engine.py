@@ -33,7 +33,7 @@ from .loader import LoadedModel, load_model
 from .request import Request, RequestOutput
 from .sampler import Sampler
 from .sampling_params import SamplingParams
-from .stats import EngineStats
+from milestones.common.engine_stats import EngineStats
 from .tokenizer import load_tokenizer
 
 Prompt = str | list[int]

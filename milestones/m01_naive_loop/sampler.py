@@ -42,13 +42,17 @@ class Sampler:
 
     def __call__(self, logits: torch.Tensor, requests: list[Request]) -> list[int]:
         """``logits``: ``[len(requests), V]``; returns one token id per request."""
+        return self.sample_ids(logits, requests).tolist()
+
+    def sample_ids(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
+        """The same choice as a tensor on the logits' device (reading it on the host waits for the GPU)."""
         tokens = logits.argmax(dim=-1)
         sampled_rows = [i for i, r in enumerate(requests) if not r.params.greedy]
         for i in sampled_rows:
             probs = filtered_probs(logits[i], requests[i].params)
             race = torch.empty_like(probs).exponential_(generator=self._generator(requests[i], probs.device))
             tokens[i] = (probs / race).argmax()
-        return tokens.tolist()
+        return tokens
 
     def _generator(self, request: Request, device: torch.device) -> torch.Generator:
         if request.request_id not in self._generators:

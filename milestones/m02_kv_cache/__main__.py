@@ -10,9 +10,8 @@ from __future__ import annotations
 import torch
 
 from milestones.m01_naive_loop import LLMEngine as NaiveLoopEngine
-from milestones.m01_naive_loop.demo import (Case, check_cases, demo_parser, engine_config, exit_on_bad_input,
-                                            measure, parse_args, positive_int, print_speedup, print_table,
-                                            random_prompts, same_tokens)
+from milestones.common.demo import (Case, check_cases, demo_parser, engine_config, exit_on_bad_input, measure,
+                                    parse_args, positive_int, print_speedup, print_table, random_prompts, same_tokens)
 from milestones.m02_kv_cache import EngineConfig, LLMEngine, SamplingParams
 
 COLUMNS = ["label", "requests", "prompt tokens", "output tokens", "wall s", "output tok/s", "TTFT p50 (ms)",

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import random
 
-from milestones.m01_naive_loop.demo import (Case, check_cases, check_min_max, demo_parser, engine_config,
-                                            exit_on_bad_input, measure, parse_args, positive_int, print_speedup,
-                                            print_table, random_prompts, same_tokens)
+from milestones.common.demo import (Case, check_cases, check_min_max, demo_parser, engine_config, exit_on_bad_input,
+                                    measure, parse_args, positive_int, print_speedup, print_table, random_prompts,
+                                    same_tokens)
 from milestones.m02_kv_cache import LLMEngine as KVCacheEngine
 from milestones.m03_static_batching import EngineConfig, LLMEngine, SamplingParams
 

@@ -12,7 +12,3 @@ class EngineConfig(BaseEngineConfig):
     """``max_num_seqs``: how many requests run together (m03: the size of each static batch)."""
 
     max_num_seqs: int = 64
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.max_num_seqs, int) or self.max_num_seqs < 1:
-            raise ValueError(f"max_num_seqs must be an integer >= 1, got {self.max_num_seqs!r}")

@@ -76,3 +76,11 @@ class LLMEngine(KVCacheEngine):
         self.stats.padding_tokens += wasted
         used = sum(r.num_tokens for r in batch) * cache.bytes_per_slot
         self.stats.record_kv(cache.reserved_bytes, used)
+
+    # ------------------------------------------------------------------ retired: m01-m02's loop over one request
+
+    def generate_one(self, request: Request) -> None:
+        raise NotImplementedError("m03 runs requests in padded batches, not one at a time: see run_static_batch()")
+
+    def forward_and_sample(self, request: Request, cache: KVCache, ids: torch.Tensor, start: int) -> None:
+        raise NotImplementedError("m03 runs requests in padded batches, not one at a time: see run_static_batch()")

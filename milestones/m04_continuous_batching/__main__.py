@@ -8,9 +8,8 @@ its *maximum* length, far more than it uses while it runs (what m05's paged bloc
 
 from __future__ import annotations
 
-from milestones.m01_naive_loop.demo import (Case, check_cases, demo_parser, engine_config, exit_on_bad_input,
-                                            measure, parse_args, positive_int, print_speedup, print_table,
-                                            random_prompts, same_tokens)
+from milestones.common.demo import (Case, check_cases, demo_parser, engine_config, exit_on_bad_input, measure,
+                                    parse_args, positive_int, print_speedup, print_table, random_prompts, same_tokens)
 from milestones.m03_static_batching import LLMEngine as StaticBatchingEngine
 from milestones.m04_continuous_batching import EngineConfig, LLMEngine, SamplingParams
 

@@ -16,8 +16,3 @@ class EngineConfig(StaticBatchingConfig):
     """
 
     kv_cache_tokens: int | None = None
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.kv_cache_tokens is not None and (not isinstance(self.kv_cache_tokens, int) or self.kv_cache_tokens < 1):
-            raise ValueError(f"kv_cache_tokens must be a positive integer or None, got {self.kv_cache_tokens!r}")

@@ -181,3 +181,15 @@ class LLMEngine(StaticBatchingEngine):
         allocator = self.scheduler.allocator
         cached = sum(r.num_tokens - 1 for r in self.scheduler.running)  # the newest token is not cached yet
         self.stats.record_kv(allocator.reserved_slots * self.kv_bytes_per_token, cached * self.kv_bytes_per_token)
+
+    # ------------------------------------------------------------------ retired: m03's static batches
+
+    def run_static_batch(self, batch: list[Request], on_finish: Callable[[Request], None]) -> None:
+        raise NotImplementedError("m04 rebuilds the batch every step, no static batches: see engine_step()")
+
+    def sample_active_rows(self, last_hidden: torch.Tensor, batch: list[Request],
+                           on_finish: Callable[[Request], None]) -> None:
+        raise NotImplementedError("m04 rebuilds the batch every step, no static batches: see engine_step()")
+
+    def count_step(self, cache, batch: list[Request], tokens: int, wasted: int) -> None:
+        raise NotImplementedError("m04 rebuilds the batch every step, no static batches: see engine_step()")

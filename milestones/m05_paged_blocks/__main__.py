@@ -16,12 +16,10 @@ import math
 import random
 import time
 
-from tqdm.auto import tqdm
-
-from milestones.m01_naive_loop.demo import (Case, check_cases, demo_parser, engine_config, exit_on_bad_input,
-                                            interleaved_rounds, parse_args, positive_float, positive_int,
-                                            print_speedup, print_table, random_prompts)
-from milestones.m01_naive_loop.metrics import summarize
+from milestones.common.demo import (Case, byte_size, check_cases, demo_parser, engine_config, exit_on_bad_input,
+                                    interleaved_rounds, parse_args, positive_float, positive_int, print_speedup,
+                                    print_table, random_prompts)
+from milestones.common.latency import summarize
 from milestones.m04_continuous_batching import LLMEngine as ContinuousBatchingEngine
 from milestones.m05_paged_blocks import EngineConfig, LLMEngine, SamplingParams
 
@@ -46,15 +44,11 @@ def run_with_client_stops(engine, prompts: list[list[int]], cap: int, lengths: l
     for prompt, length in zip(prompts, lengths):
         wanted[engine.add_request(prompt, SamplingParams(max_tokens=cap, ignore_eos=True))] = length
     latest = {}
-    with tqdm(total=len(prompts), desc=label, unit="req", leave=False) as bar:
-        while engine.has_unfinished():
-            for out in engine.step():
-                latest[out.request_id] = out
-                if out.finish_reason is None and len(out.token_ids) >= wanted[out.request_id]:
-                    engine.abort(out.request_id)  # the client has what it needs
-                    bar.update(1)
-                elif out.finish_reason is not None:
-                    bar.update(1)
+    while engine.has_unfinished():
+        for out in engine.step():
+            latest[out.request_id] = out
+            if out.finish_reason is None and len(out.token_ids) >= wanted[out.request_id]:
+                engine.abort(out.request_id)  # the client has what it needs
     outputs = [latest[request_id] for request_id in wanted]
     summary = summarize(outputs, time.perf_counter() - start)
     stats = engine.stats
@@ -83,21 +77,23 @@ def main(argv: list[str] | None = None) -> list[dict]:
                         help="every request's cap (what m04 must reserve)")
     parser.add_argument("--median-tokens", type=positive_int, default=24,
                         help="median real output length; the client aborts each request there")
-    parser.add_argument("--kv-cache-memory", type=positive_float, default=None,
-                        help="K/V budget in GiB for both engines (default: room for 6 capped requests)")
+    parser.add_argument("--kv-cache-memory-bytes", type=byte_size, default=None,
+                        help="K/V budget for both engines, in bytes: 1G is 1 GiB, 1g 10**9 "
+                             "(default: room for 6 capped requests)")
     parser.add_argument("--gpu-memory-utilization", type=positive_float, default=None,
                         help="vLLM's alternative on a GPU: the fraction of GPU memory m05 may use; K/V gets what the "
-                             "weights and a profiled forward pass leave, and m04 gets the same number of slots")
+                             "weights and a profiled forward pass leave, and m04 gets the same number of slots "
+                             "(default: not used)")
     parser.add_argument("--max-num-batched-tokens", type=positive_int, default=8192,
                         help="m05: new tokens one step may feed")
     parser.add_argument("--block-size", type=positive_int, default=16, help="token slots per K/V block (m05)")
     parser.add_argument("--max-num-seqs", type=positive_int, default=64, help="most requests in flight (both engines)")
     args = parse_args(parser, argv)
 
-    if args.kv_cache_memory and args.gpu_memory_utilization:
-        parser.error("give --kv-cache-memory or --gpu-memory-utilization, not both")
-    if args.kv_cache_memory:
-        sizing = dict(kv_cache_memory_gib=args.kv_cache_memory)
+    if args.kv_cache_memory_bytes and args.gpu_memory_utilization:
+        parser.error("give --kv-cache-memory-bytes or --gpu-memory-utilization, not both")
+    if args.kv_cache_memory_bytes:
+        sizing = dict(kv_cache_memory_bytes=args.kv_cache_memory_bytes)
     elif args.gpu_memory_utilization:
         sizing = dict(gpu_memory_utilization=args.gpu_memory_utilization)
     else:

@@ -3,7 +3,7 @@
 What changes against m04, piece by piece:
 
 * **memory**: one ``PagedKVCache`` of ``num_blocks`` blocks sized from a budget (``kv_cache_tokens``,
-  ``kv_cache_memory_gib`` or ``gpu_memory_utilization``), handed out block by block by a ``BlockManager``;
+  ``kv_cache_memory_bytes`` or ``gpu_memory_utilization``), handed out block by block by a ``BlockManager``;
 * **scheduling**: m05's ``Scheduler`` (token budget, blocks as tokens arrive, preemption) returns a list of
   ``(sequence, new tokens)``;
 * **the forward pass**: those new tokens run as ONE packed ``[T]`` batch, no padding; ``AttentionMetadata``
@@ -33,7 +33,14 @@ from .sequence import Sequence
 from .stats import PagedEngineStats
 
 logger = logging.getLogger(__name__)
-GiB = 2**30
+
+
+def format_bytes(num_bytes: float) -> str:
+    """``209190912`` -> ``"199.5 MiB"``: the largest binary unit that leaves a number >= 1."""
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if num_bytes >= size:
+            return f"{num_bytes / size:,.1f} {unit}"
+    return f"{num_bytes:,.0f} bytes"
 
 
 @dataclass
@@ -95,8 +102,8 @@ class LLMEngine(ContinuousBatchingEngine):
         block_bytes = self.kv_bytes_per_token * block_size
         if config.kv_cache_tokens is not None:
             budget, source = config.kv_cache_tokens * self.kv_bytes_per_token, f"kv_cache_tokens={config.kv_cache_tokens}"
-        elif config.kv_cache_memory_gib is not None:
-            budget, source = int(config.kv_cache_memory_gib * GiB), f"kv_cache_memory_gib={config.kv_cache_memory_gib}"
+        elif config.kv_cache_memory_bytes is not None:
+            budget, source = config.kv_cache_memory_bytes, f"kv_cache_memory_bytes={config.kv_cache_memory_bytes}"
         elif config.gpu_memory_utilization is not None:
             budget = self.memory_left_for_kv(config.gpu_memory_utilization)
             source = f"gpu_memory_utilization={config.gpu_memory_utilization}"
@@ -104,8 +111,8 @@ class LLMEngine(ContinuousBatchingEngine):
             budget, source = self.default_kv_capacity() * self.kv_bytes_per_token, "the default budget"
         num_blocks = budget // block_bytes
         if num_blocks < 1:
-            raise ValueError(f"{source} leaves {max(budget, 0) / GiB:.3f} GiB for K/V, less than one block of "
-                             f"{block_size} tokens ({block_bytes / 2**20:.2f} MiB)")
+            raise ValueError(f"{source} leaves {format_bytes(max(budget, 0))} for K/V, less than one block of "
+                             f"{block_size} tokens ({format_bytes(block_bytes)})")
         return int(num_blocks)
 
     def memory_left_for_kv(self, fraction: float) -> int:
@@ -113,7 +120,7 @@ class LLMEngine(ContinuousBatchingEngine):
         profiled forward pass at ``max_num_batched_tokens`` leave of it."""
         if self.device.type != "cuda":
             raise ValueError("gpu_memory_utilization needs a CUDA device; on a CPU size the cache with "
-                             "kv_cache_memory_gib or kv_cache_tokens")
+                             "kv_cache_memory_bytes or kv_cache_tokens")
         torch.cuda.synchronize(self.device)
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(self.device)
@@ -133,7 +140,7 @@ class LLMEngine(ContinuousBatchingEngine):
         pool = self.kv_pool
         size = pool.num_blocks * pool.block_size * self.kv_bytes_per_token
         return (f"K/V cache: {pool.num_blocks:,} blocks x {pool.block_size} tokens = "
-                f"{pool.num_blocks * pool.block_size:,} token slots ({size / GiB:.2f} GiB, "
+                f"{pool.num_blocks * pool.block_size:,} token slots ({format_bytes(size)}, "
                 f"{str(pool.k.dtype).removeprefix('torch.')})")
 
     # ------------------------------------------------------------------ one step
@@ -153,14 +160,24 @@ class LLMEngine(ContinuousBatchingEngine):
 
     def execute(self, out: SchedulerOutput) -> list[Sequence]:
         """Run the step's packed batch through the model and sample where a sequence reached its end."""
-        batch = self.prepare_batch(out)
+        host = self.host_batch(out)
+        logits = self.forward(host)
+        self.advance(out)
+        if host.sampling:
+            self.sample_logits_and_append(logits, host.sampling)
+        return host.sampling
+
+    def forward(self, host: HostBatch) -> torch.Tensor | None:
+        """The model over the step's packed batch: logits of the rows that sample (None if no row does)."""
+        batch = self.device_batch(host)
         hidden = self.model(batch.input_ids, batch.metadata.positions, self.make_attention(batch.metadata))
+        return self.model.compute_logits(hidden[batch.sample_rows]) if host.sampling else None
+
+    def advance(self, out: SchedulerOutput) -> None:
+        """The step's tokens are computed: count them, and move each sequence's ``num_computed_tokens`` on."""
         self.count_tokens(out)
         for item in out.scheduled:
             item.seq.num_computed_tokens += item.num_new_tokens
-        if batch.sampling:
-            self.sample_and_append(hidden[batch.sample_rows], batch.sampling)
-        return batch.sampling
 
     def make_attention(self, metadata: AttentionMetadata):
         return PagedAttention(self.kv_pool, metadata)
@@ -184,8 +201,11 @@ class LLMEngine(ContinuousBatchingEngine):
         return host
 
     def prepare_batch(self, out: SchedulerOutput) -> StepBatch:
-        """Host lists -> device tensors, once per step."""
-        host = self.host_batch(out)
+        """The step's packed inputs on the device, built once per step."""
+        return self.device_batch(self.host_batch(out))
+
+    def device_batch(self, host: HostBatch) -> StepBatch:
+        """Host lists -> device tensors: one copy each."""
         metadata = AttentionMetadata.build(host.query_lens, host.context_lens, host.positions, host.slot_mapping,
                                            self.block_table_array(host.block_tables), self.config.block_size,
                                            self.device)
@@ -223,3 +243,17 @@ class LLMEngine(ContinuousBatchingEngine):
     def kv_slots_holding_tokens(self) -> int:
         """Slots whose K/V is computed: each running request's computed tokens (m06 counts a shared block once)."""
         return sum(seq.num_computed_tokens for seq in self.scheduler.running)
+
+    # ------------------------------------------------------------------ retired: m04's padded prefill and decode
+
+    def region_starts(self, requests: list[Sequence]) -> torch.Tensor:
+        raise NotImplementedError("m05 runs one packed batch per step through block tables: see execute()")
+
+    def prefill(self, requests: list[Sequence]) -> None:
+        raise NotImplementedError("m05 runs one packed batch per step through block tables: see execute()")
+
+    def decode(self, requests: list[Sequence]) -> None:
+        raise NotImplementedError("m05 runs one packed batch per step through block tables: see execute()")
+
+    def record_kv_usage(self) -> None:
+        raise NotImplementedError("m05 runs one packed batch per step through block tables: see record_step()")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from milestones.m01_naive_loop.stats import EngineStats
+from milestones.common.engine_stats import EngineStats
 
 
 @dataclass

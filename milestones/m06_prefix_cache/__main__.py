@@ -9,9 +9,8 @@ them, and computes only its own question: far fewer prompt tokens computed, and 
 from __future__ import annotations
 
 
-from milestones.m01_naive_loop.demo import (Case, check_cases, demo_parser, engine_config, exit_on_bad_input,
-                                            measure, parse_args, positive_int, print_speedup, print_table,
-                                            random_prompts, same_tokens)
+from milestones.common.demo import (Case, check_cases, demo_parser, engine_config, exit_on_bad_input, measure,
+                                    parse_args, positive_int, print_speedup, print_table, random_prompts, same_tokens)
 from milestones.m06_prefix_cache import EngineConfig, LLMEngine, SamplingParams
 
 COLUMNS = ["label", "requests", "prompt tokens", "prompt tokens computed", "cache hit rate", "TTFT p50 (ms)",

@@ -14,8 +14,3 @@ class EngineConfig(PagedConfig):
     which gives m05's engine exactly)."""
 
     enable_prefix_caching: bool = True
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if not isinstance(self.enable_prefix_caching, bool):
-            raise ValueError(f"enable_prefix_caching must be True or False, got {self.enable_prefix_caching!r}")

@@ -30,6 +30,9 @@ class Scheduler(PagedScheduler):
 
     def add_to_step(self, out: SchedulerOutput, seq: Sequence, num_new_tokens: int) -> None:
         super().add_to_step(out, seq, num_new_tokens)
-        end = seq.num_computed_tokens + num_new_tokens
+        self.cache_blocks_up_to(seq, seq.num_computed_tokens + num_new_tokens)
+
+    def cache_blocks_up_to(self, seq: Sequence, end: int) -> None:
+        """Register every full block among ``seq``'s first ``end`` tokens (their K/V is computed by now)."""
         if end // self.block_manager.block_size > self.block_manager.num_registered_blocks(seq.request_id):
             self.block_manager.cache_full_blocks(seq.request_id, seq.all_token_ids, end)

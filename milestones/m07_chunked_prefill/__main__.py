@@ -12,12 +12,10 @@ from __future__ import annotations
 import time
 from functools import partial
 
-from tqdm.auto import tqdm
-
-from milestones.m01_naive_loop.demo import (Case, check_cases, demo_parser, engine_config, exit_on_bad_input,
-                                            interleaved_rounds, parse_args, positive_int, positive_int_list,
-                                            print_speedup, print_table, random_prompts)
-from milestones.m01_naive_loop.metrics import summarize
+from milestones.common.demo import (Case, check_cases, demo_parser, engine_config, exit_on_bad_input,
+                                    interleaved_rounds, parse_args, positive_int, positive_int_list, print_speedup,
+                                    print_table, random_prompts)
+from milestones.common.latency import summarize
 from milestones.m06_prefix_cache import LLMEngine as PrefixCacheEngine
 from milestones.m07_chunked_prefill import EngineConfig, LLMEngine, SamplingParams
 
@@ -36,14 +34,12 @@ def run_with_arrivals(engine, decoders: list[list[int]], longs: list[list[int]],
     start = time.perf_counter()
     decoder_ids = [engine.add_request(p, decoder_params) for p in decoders]
     long_ids, pending, latest, steps = [], list(longs), {}, 0
-    with tqdm(total=len(decoders) + len(longs), desc=label, unit="req", leave=False) as bar:
-        while pending or engine.has_unfinished():
-            if pending and (steps >= every * (len(long_ids) + 1) or not engine.has_unfinished()):
-                long_ids.append(engine.add_request(pending.pop(0), long_params))
-            for out in engine.step():
-                latest[out.request_id] = out
-                bar.update(out.finish_reason is not None)
-            steps += 1
+    while pending or engine.has_unfinished():
+        if pending and (steps >= every * (len(long_ids) + 1) or not engine.has_unfinished()):
+            long_ids.append(engine.add_request(pending.pop(0), long_params))
+        for out in engine.step():
+            latest[out.request_id] = out
+        steps += 1
     wall = time.perf_counter() - start
     decoders_summary = summarize([latest[i] for i in decoder_ids], wall)
     longs_summary = summarize([latest[i] for i in long_ids], wall)

@@ -39,8 +39,9 @@ class Scheduler(PrefixCachingScheduler):
 
     def schedule_running_chunks(self, out: SchedulerOutput, budget: int) -> int:
         """Steps 1 and 2: decodes first, then prompt chunks; preempt from the newest when blocks run out."""
-        unscheduled = dict.fromkeys(self.running)  # an ordered set: admission order, victims from its end
-        decodes_first = sorted(self.running, key=lambda seq: seq.num_uncomputed_tokens > 1)  # stable sort
+        candidates = self.schedulable_running()
+        unscheduled = dict.fromkeys(candidates)  # an ordered set: admission order, victims from its end
+        decodes_first = sorted(candidates, key=lambda seq: seq.num_uncomputed_tokens > 1)  # stable sort
         for seq in decodes_first:
             if budget == 0:
                 break
@@ -53,6 +54,10 @@ class Scheduler(PrefixCachingScheduler):
                 self.add_to_step(out, seq, end - seq.num_computed_tokens)
                 budget -= end - seq.num_computed_tokens
         return budget
+
+    def schedulable_running(self) -> list:
+        """The running sequences that may take tokens this step (all of them; m12 holds back some)."""
+        return self.running
 
     def schedule_waiting(self, out: SchedulerOutput, budget: int) -> int:
         """Step 3: admit from the head of the queue while seats, blocks and budget remain; each gets a chunk."""

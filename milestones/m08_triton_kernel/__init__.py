@@ -2,22 +2,16 @@
 
 New here: ``paged_decode_kernel.py`` (the decode kernel: grouped-query heads per program, online softmax,
 split-K for long contexts at small batch), ``launch_config.py`` (its configuration per regime, split or direct),
-``store_kv_kernel.py`` (the step's K/V into the cache in one launch), ``attention.py`` (decodes to the kernel,
+``store_kv_kernel.py`` (the step's K/V into the cache in one launch), ``device_kernel.py`` (each launch
+compiled for a GPU or interpreted on a CPU, by its tensors' device), ``attention.py`` (decodes to the kernel,
 prompt chunks to m05's torch path, in one step) and ``config.py`` / ``engine.py`` (``attention_backend``: auto,
 torch, triton).
 """
 
-import os
+from milestones.m01_naive_loop import SamplingParams
+from milestones.m06_prefix_cache import RequestOutput
 
-import torch
-
-if not torch.cuda.is_available():  # without a GPU, Triton kernels can run only in Triton's interpreter, which
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # must be chosen before anything imports triton
-
-from milestones.m01_naive_loop import SamplingParams  # noqa: E402
-from milestones.m06_prefix_cache import RequestOutput  # noqa: E402
-
-from .config import EngineConfig  # noqa: E402
-from .engine import LLMEngine  # noqa: E402
+from .config import EngineConfig
+from .engine import LLMEngine
 
 __all__ = ["EngineConfig", "LLMEngine", "RequestOutput", "SamplingParams"]

@@ -6,9 +6,9 @@
 2. m07 (torch attention) against m08 (``--attention-backend``, auto by default) on the same decode-heavy
    requests: output tokens/s and whether the greedy tokens are identical.
 
-On a GPU both parts show the kernel's gain. Without one the kernel runs only in Triton's interpreter (set
-``TRITON_INTERPRET=1``): exact but very slow, so part 1 then checks the outputs agree and part 2 runs m08 on
-its torch path (what ``auto`` picks on a CPU).
+On a GPU both parts show the kernel's gain. On a CPU the kernel runs in Triton's interpreter: exact but very
+slow, so part 1 then checks the outputs agree and part 2 runs m08 on its torch path (what ``auto`` picks on a
+CPU; ``--attention-backend triton`` runs the kernel there too).
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ import argparse
 import numpy as np
 import torch
 
-from milestones.m01_naive_loop.demo import (Case, check_cases, cuda_median_ms, demo_parser, engine_config,
-                                            exit_on_bad_input, measure, parse_args, positive_int, print_speedup,
-                                            print_table, random_prompts, same_tokens)
+from milestones.common.demo import (Case, check_cases, cuda_median_ms, demo_parser, engine_config, exit_on_bad_input,
+                                    measure, parse_args, positive_int, print_speedup, print_table, random_prompts,
+                                    same_tokens)
 from milestones.m05_paged_blocks.paged_attention import AttentionMetadata, GatherIndices, PagedKVCache
 from milestones.m07_chunked_prefill import LLMEngine as ChunkedPrefillEngine
 from milestones.m08_triton_kernel import EngineConfig, LLMEngine, SamplingParams

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from milestones.m01_naive_loop.config import one_of
 from milestones.m07_chunked_prefill.config import EngineConfig as ChunkedPrefillConfig
 
 ATTENTION_BACKENDS = ("auto", "torch", "triton")
@@ -14,17 +15,11 @@ class EngineConfig(ChunkedPrefillConfig):
     """``attention_backend``: who computes decode attention.
 
     * ``triton``: the paged decode kernel (``paged_decode_kernel.py``), reading K/V in place through the block
-      tables; on a CPU only under Triton's interpreter (``TRITON_INTERPRET=1``: exact, and very slow);
+      tables; on a CPU in Triton's interpreter (exact, and very slow);
     * ``torch``: m05's gather + ``scaled_dot_product_attention`` path;
     * ``auto`` (default): ``triton`` on a CUDA GPU where Triton is installed, ``torch`` everywhere else.
 
     Prompt chunks always take the torch path: many queries per sequence are a matrix product, which
     ``scaled_dot_product_attention``'s kernels already do well."""
 
-    attention_backend: str = "auto"
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.attention_backend not in ATTENTION_BACKENDS:
-            raise ValueError(f"attention_backend must be one of {', '.join(ATTENTION_BACKENDS)}, "
-                             f"got {self.attention_backend!r}")
+    attention_backend: str = field(default="auto", metadata=one_of(*ATTENTION_BACKENDS))

@@ -9,7 +9,6 @@ installed) and torch anywhere else, so the engine keeps working on a laptop.
 from __future__ import annotations
 
 import importlib.util
-import os
 
 from milestones.m05_paged_blocks.paged_attention import AttentionMetadata
 from milestones.m07_chunked_prefill.engine import LLMEngine as ChunkedPrefillEngine
@@ -19,17 +18,11 @@ from .config import EngineConfig
 
 
 def triton_unavailable_reason(device_type: str) -> str | None:
-    """None if the Triton kernels can run on this device type in this process; otherwise why not."""
+    """None if the Triton kernels can run on this device type; otherwise why not. On a CPU they run in Triton's
+    interpreter, chosen at each launch (``device_kernel.py``)."""
     if importlib.util.find_spec("triton") is None:
         return "Triton is not installed (pip install 'nanoserve[kernels]')"
-    if device_type == "cuda":
-        return None
-    if os.environ.get("TRITON_INTERPRET") != "1":
-        return ("on a CPU the Triton kernels run only in Triton's interpreter: set TRITON_INTERPRET=1 before "
-                "starting Python (exact, but very slow)")
-    from .paged_decode_kernel import INTERPRETER_PROBLEM
-
-    return INTERPRETER_PROBLEM
+    return None
 
 
 class LLMEngine(ChunkedPrefillEngine):

@@ -55,10 +55,11 @@ DEFAULT_CONFIG = DecodeKernelConfig()
 # ``programs_per_sm`` is each configuration's occupancy on an H200 (Triton 3.6, bf16, head_dim 128), so the
 # split heuristic fills exactly one wave; only the split entry's value is ever used by the heuristic.
 LAUNCH_TABLE: dict[str, DecodeKernelConfig] = {
-    # H200 sweep (kernel_bench.json at d58dbfc; GPU-bound shapes, so its timing held there): at 64 x 2,048 this
-    # took 0.138 ms against 0.160 for t64-w4-s3 (one K/V buffer, but 4 programs per SM); equal at 256 x 2,048.
+    # What the H200 sweep favours where batches fill the GPU: at 64 x 2,048, 0.138 ms against 0.160 for t64-w4-s3
+    # (one K/V buffer, but 4 programs per SM); equal at 256 x 2,048.
     "direct": DecodeKernelConfig(tile_tokens=64, num_warps=4, num_stages=2, programs_per_sm=4),
-    # Not measured trustworthily yet (that sweep's small-batch times were mostly launch overhead): the design default.
+    # The design default: the sweep's small-batch times were mostly launch overhead, so they chose nothing here
+    # (``kernel_bench.py --autotune-sweep`` now times GPU work alone, from CUDA graphs).
     "split": DecodeKernelConfig(tile_tokens=64, num_warps=4, num_stages=3, programs_per_sm=3),
 }
 

@@ -36,26 +36,19 @@ shapes and Python ints (``max_context_len`` is a bound the caller knows, by defa
 ``block_size``), and each program finds its own sequence's length on the device and skips the work past it.
 
 Without a GPU the kernels run in Triton's interpreter (numpy on the CPU): slow, but exact, which is how the
-tests check them on a laptop. Triton reads that switch (``TRITON_INTERPRET=1``) when each ``@triton.jit``
-runs, its own ``tl.max``/``tl.sum`` included, so it must be set before anything imports triton (transformers
-does): this module sets it on machines without CUDA in case it is first, and ``INTERPRETER_PROBLEM`` says
-when it was too late.
+tests check them on a laptop. Each kernel chooses at launch, from its tensors' device (``device_kernel.py``).
 """
 
 from __future__ import annotations
 
 import math
-import os
 
 import torch
+import triton
+import triton.language as tl
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # before any @triton.jit below
-
-import triton  # noqa: E402  (the switch above must come first)
-import triton.language as tl  # noqa: E402
-
-from .launch_config import (DEFAULT_CONFIG, LAUNCH_TABLE, MAX_SPLITS, DecodeKernelConfig,  # noqa: E402, F401
+from .device_kernel import device_kernel, runs_interpreted
+from .launch_config import (DEFAULT_CONFIG, LAUNCH_TABLE, MAX_SPLITS, DecodeKernelConfig,  # noqa: F401
                             choose_launch, choose_num_splits, sm_count)
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -68,6 +61,7 @@ LOG2_E = math.log2(math.e)  # scores are kept in base 2: exp(x) = exp2(x * log2(
 # --------------------------------------------------------------------------- the kernels
 
 
+@device_kernel
 @triton.jit(do_not_specialize=["num_splits", "max_blocks", "stride_table"])
 def _paged_decode_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr, out_ptr, lse_ptr,
@@ -172,6 +166,7 @@ def _paged_decode_kernel(
         tl.store(out_rows + dims[None, :], out.to(out_ptr.dtype.element_ty), mask=row_mask)
 
 
+@device_kernel
 @triton.jit(do_not_specialize=["num_splits"])
 def _combine_splits_kernel(
     partial_ptr, lse_ptr, out_ptr, num_splits, stride_out_seq, stride_out_head,
@@ -193,26 +188,6 @@ def _combine_splits_kernel(
     total = tl.sum(weight, 0)
     out = tl.sum(weight[:, None] * partial, 0) / tl.where(total > 0, total, 1.0)
     tl.store(out_ptr + seq * stride_out_seq + head * stride_out_head + dims, out.to(out_ptr.dtype.element_ty))
-
-
-INTERPRETED = type(_paged_decode_kernel).__name__ == "InterpretedFunction"
-"""True when the kernels run in Triton's interpreter (CPU tensors), False when they compile for a GPU."""
-
-
-def _interpreter_problem() -> str | None:
-    """Why CPU tensors cannot go through these kernels in this process, or None if they can."""
-    if not INTERPRETED:
-        return ("on a CPU the Triton kernels run only in Triton's interpreter: set TRITON_INTERPRET=1 in the "
-                "environment before anything imports triton")
-    if type(tl.zeros).__name__ != "InterpretedFunction":  # tl.max, tl.sum... are themselves @triton.jit
-        return ("triton was imported (by transformers, say) before TRITON_INTERPRET=1 was set, so its interpreter "
-                "cannot run tl.max / tl.sum: set the variable before anything imports triton, e.g. "
-                "`TRITON_INTERPRET=1 python ...`")
-    return None
-
-
-INTERPRETER_PROBLEM = _interpreter_problem()
-"""None if the kernels can run on CPU tensors in this process; otherwise the reason (an error message)."""
 
 
 # --------------------------------------------------------------------------- the host side
@@ -252,8 +227,6 @@ def _check(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_
     tensors = (q, k_cache, v_cache, block_tables, context_lens) + (() if out is None else (out,))
     if any(t.device != q.device for t in tensors):
         raise ValueError(f"all tensors must be on one device; got {[str(t.device) for t in tensors]}")
-    if q.device.type != "cuda" and INTERPRETER_PROBLEM:
-        raise ValueError(f"the Triton decode kernel got {q.device} tensors, but {INTERPRETER_PROBLEM}")
 
 
 class _Layout:
@@ -278,7 +251,7 @@ class _Layout:
         group = self.num_heads // self.num_kv_heads
         self.is_fp32 = q.dtype == torch.float32
         # Triton's interpreter computes bfloat16 dots wrongly: there, bf16 tiles go through the float32 dot path.
-        self.dots_in_fp32 = self.is_fp32 or (INTERPRETED and q.dtype == torch.bfloat16)
+        self.dots_in_fp32 = self.is_fp32 or (runs_interpreted(q.device) and q.dtype == torch.bfloat16)
         self.constexprs = dict(GROUP=group, GROUP_ROWS=max(MIN_GROUP_ROWS, triton.next_power_of_2(group)),
                                HEAD_DIM=self.head_dim, BLOCK_SIZE=self.block_size, IEEE=self.is_fp32)
 

@@ -16,12 +16,11 @@ Qwen3-0.6B in bf16), for K and for V.
 from __future__ import annotations
 
 import torch
-
-# Imported first: on a machine without CUDA it switches Triton to its interpreter before the @triton.jit below.
-from milestones.m08_triton_kernel.paged_decode_kernel import INTERPRETER_PROBLEM, SUPPORTED_DTYPES
-
 import triton
 import triton.language as tl
+
+from .device_kernel import device_kernel, runs_interpreted
+from .paged_decode_kernel import SUPPORTED_DTYPES
 
 
 @triton.jit
@@ -43,6 +42,7 @@ def _to_fp8(x, scale_ptr, ROUND_FIRST: tl.constexpr):
     return y.to(tl.float8e4nv)
 
 
+@device_kernel
 @triton.jit
 def _store_kv_kernel(k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_mapping_ptr,
                      stride_k_token, stride_v_token, stride_k_slot, stride_v_slot,
@@ -96,8 +96,6 @@ def _check(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     tensors = (k, v, k_cache, v_cache, slot_mapping)
     if any(t.device != k.device for t in tensors):
         raise ValueError(f"all tensors must be on one device; got {[str(t.device) for t in tensors]}")
-    if k.device.type != "cuda" and INTERPRETER_PROBLEM:
-        raise ValueError(f"the Triton store kernel got {k.device} tensors, but {INTERPRETER_PROBLEM}")
     return (_row_stride(k, "k"), _row_stride(v, "v"), _row_stride(k_cache, "k_cache"),
             _row_stride(v_cache, "v_cache"))
 
@@ -136,5 +134,5 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     _store_kv_kernel[(k.shape[0],)](
         k, v, k_cache, v_cache, slot_mapping, *strides,
         ROW=row, ROW_POW2=1 << (row - 1).bit_length(), num_warps=4,
-        k_scale_ptr=k_scale, v_scale_ptr=v_scale, KV_FP8=kv_fp8, ROUND_FIRST=kv_fp8 and k.device.type != "cuda",
+        k_scale_ptr=k_scale, v_scale_ptr=v_scale, KV_FP8=kv_fp8, ROUND_FIRST=kv_fp8 and runs_interpreted(k.device),
     )

@@ -4,7 +4,8 @@ New here: ``engine.py`` (the engine the server serves: m08's, with step outputs 
 ``async_engine.py`` (one thread owns the engine; asyncio queues carry its tokens to the requests),
 ``detokenizer.py`` (token ids to text deltas: no split characters, no partial stop strings), ``protocol.py``
 (the OpenAI request and response shapes), ``serving.py`` and ``app.py`` (the FastAPI endpoints),
-``metrics.py`` (Prometheus), ``server_thread.py``, ``cli.py``, ``load_client.py`` and ``__main__.py``.
+``metrics.py`` (Prometheus) and ``__main__.py`` (the demo, and ``serve``: its command line is plumbing, in
+``milestones/common/serve_cli.py``).
 
 ``import milestones.m09_server`` needs no web packages; the server modules import FastAPI and uvicorn.
 """

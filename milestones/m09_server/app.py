@@ -1,7 +1,9 @@
 """The FastAPI application: routes, error bodies, and the engine loop's start and stop.
 
 ``build_app(engine)`` serves *any* engine with the step API, so a later milestone serves its faster engine
-by passing it here; nothing in the server names a milestone.
+by passing it here; nothing in the server names a milestone. The routes talk to an ``EngineClient``: given an
+engine, the app drives it from a thread of its own process (``AsyncLLMEngine``); given a client, it uses that
+(m11's ``AsyncLLM`` reaches an engine in another process).
 
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/models``, ``GET /health``,
 ``GET /metrics``. Every error is an OpenAI-style body ``{"error": {"message", "type", "param", "code"}}``:
@@ -21,24 +23,25 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from .async_engine import AsyncLLMEngine
+from .async_engine import AsyncLLMEngine, EngineClient
 from .metrics import ServerMetrics
 from .protocol import ChatCompletionRequest, CompletionRequest, error_body
 from .serving import APIError, OpenAIServing
 
 
 def build_app(engine, served_model_name: str | list[str] | None = None, shutdown_grace_s: float = 0.0) -> FastAPI:
-    """An app serving ``engine``; the engine loop starts with the app and stops with it.
+    """An app serving ``engine`` (a step-API engine, or an ``EngineClient``); it starts with the app and stops
+    with it.
 
-    ``served_model_name``: the name(s) clients pass as ``model`` (default: the engine's ``config.model``).
+    ``served_model_name``: the name(s) clients pass as ``model`` (default: what the engine was loaded from).
     ``shutdown_grace_s``: on shutdown, how long requests still in flight may take to finish before they are
     aborted (uvicorn's own ``timeout_graceful_shutdown`` runs first; see ``server_thread.py``).
     """
     names = [served_model_name] if isinstance(served_model_name, str) else list(served_model_name or [])
-    names = names or [str(engine.config.model)]
-    async_engine = AsyncLLMEngine(engine)
+    async_engine = engine if isinstance(engine, EngineClient) else AsyncLLMEngine(engine)
+    names = names or [async_engine.model]
     metrics = ServerMetrics(lambda: async_engine.state)
-    serving = OpenAIServing(async_engine, engine.tokenizer, names, engine.max_model_len, metrics)
+    serving = OpenAIServing(async_engine, async_engine.tokenizer, names, async_engine.max_model_len, metrics)
     created = int(time.time())
 
     @asynccontextmanager
@@ -47,9 +50,9 @@ def build_app(engine, served_model_name: str | list[str] | None = None, shutdown
         yield
         await async_engine.shutdown(shutdown_grace_s)
 
-    app = FastAPI(title="nanoserve", description=f"OpenAI-compatible server over {engine.milestone}",
+    app = FastAPI(title="nanoserve", description=f"OpenAI-compatible server over {async_engine.milestone}",
                   lifespan=lifespan)
-    app.state.async_engine, app.state.metrics, app.state.engine = async_engine, metrics, engine
+    app.state.async_engine, app.state.metrics = async_engine, metrics
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:
@@ -62,14 +65,14 @@ def build_app(engine, served_model_name: str | list[str] | None = None, shutdown
     @app.get("/v1/models")
     async def models() -> dict:
         return {"object": "list", "data": [{"id": name, "object": "model", "created": created, "owned_by": "nanoserve",
-                                            "root": str(engine.config.model), "max_model_len": engine.max_model_len}
+                                            "root": async_engine.model, "max_model_len": async_engine.max_model_len}
                                            for name in names]}
 
     @app.get("/health")
     async def health() -> Response:
         if async_engine.is_running:
-            return JSONResponse({"status": "ok", "milestone": engine.milestone})
-        return APIError(503, "the engine loop is not running", "service_unavailable_error").response()
+            return JSONResponse({"status": "ok", "milestone": async_engine.milestone})
+        return APIError(503, "the engine is not running", "service_unavailable_error").response()
 
     @app.get("/metrics")
     async def prometheus_metrics() -> Response:
@@ -91,17 +94,16 @@ def install_error_handlers(app: FastAPI, metrics: ServerMetrics) -> None:
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, error: RequestValidationError) -> Response:
         metrics.record_rejected()
-        first = error.errors()[0]
-        if first["type"] == "json_invalid":
-            return APIError(400, f"the request body is not valid JSON: {first.get('ctx', {}).get('error', '')}",
+        problems = error.errors()
+        if problems[0]["type"] == "json_invalid":
+            return APIError(400, f"the request body is not valid JSON: {problems[0].get('ctx', {}).get('error', '')}",
                             code="invalid_json").response()
-        param = _param(first["loc"])
-        message = first["msg"].removeprefix("Value error, ")
-        if param is not None:
-            message = f"{param}: {message}"
-        if len(error.errors()) > 1:
-            message += f" (and {len(error.errors()) - 1} more problem(s))"
-        return APIError(400, message, param=param, code=first["type"]).response()
+        messages = []  # every problem, each naming its parameter: "prompt: ...; prompt: ..."
+        for problem in problems:
+            param, text = _param(problem["loc"]), problem["msg"].removeprefix("Value error, ")
+            messages.append(text if param is None else f"{param}: {text}")
+        return APIError(400, "; ".join(dict.fromkeys(messages)), param=_param(problems[0]["loc"]),
+                        code=problems[0]["type"]).response()
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, error: StarletteHTTPException) -> Response:

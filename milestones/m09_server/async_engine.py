@@ -27,6 +27,7 @@ and the two sides talk only through queues::
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import concurrent.futures
 import logging
@@ -131,11 +132,82 @@ class RequestStream:
         return isinstance(item, BaseException) or item.finish_reason is not None
 
 
-class AsyncLLMEngine:
+class EngineClient(abc.ABC):
+    """What the HTTP layer talks to: requests in, a ``RequestStream`` of outputs back, aborts, state.
+
+    The server never touches an engine object, only this interface. ``AsyncLLMEngine`` below implements it
+    with the engine in a thread of the server's own process; m11's ``AsyncLLM`` implements it with the engine
+    in a process of its own.
+    """
+
+    tokenizer: object  # encodes prompts and renders chat templates in the server's process
+    max_model_len: int
+    milestone: str
+    model: str  # what the engine was loaded from (``EngineConfig.model``)
+    state: EngineState  # the engine's state as of its last step, for /metrics
+
+    @property
+    @abc.abstractmethod
+    def is_running(self) -> bool:
+        """True while new requests are accepted (/health answers 200)."""
+
+    @property
+    @abc.abstractmethod
+    def num_in_flight(self) -> int:
+        """Requests accepted and not finished yet."""
+
+    @abc.abstractmethod
+    def start(self) -> None:
+        """Begin serving; called on the event loop that will consume the outputs."""
+
+    @abc.abstractmethod
+    async def shutdown(self, grace_s: float = 0.0) -> None:
+        """Stop accepting, let requests in flight finish for up to ``grace_s``, abort the rest, stop the engine."""
+
+    @abc.abstractmethod
+    async def add_request(self, prompt: str | list[int], params) -> RequestStream:
+        """Queue a request; its stream once accepted. ``ValueError``: bad input; ``EngineClosed``: not serving."""
+
+    @abc.abstractmethod
+    def abort(self, stream: RequestStream) -> None:
+        """Stop a request now (client gone, stop string found), freeing its K/V. Safe to call twice."""
+
+    def describe(self) -> list[str]:
+        """Lines worth printing when the server starts (the K/V cache, CUDA graphs)."""
+        return []
+
+
+def describe_engine(engine) -> list[str]:
+    """The engine in a few lines: milestone, model, device and dtype; its K/V blocks (m05 on), graphs (m10)."""
+    lines = [f"engine {engine.milestone}: {str(engine.config.model)!r} on {engine.device}, "
+             f"{str(engine.dtype).removeprefix('torch.')}"]
+    return lines + [getattr(engine, name)() for name in ("describe_kv_cache", "describe_cuda_graphs")
+                    if hasattr(engine, name)]
+
+
+def abort_touched_requests(engine, request_ids) -> list[str]:
+    """After a step raised: abort the requests that step was running, among ``request_ids``; returns them.
+
+    The step's requests are the scheduler's running list (if the engine has none to show, all of
+    ``request_ids``). Their state is unknown after a failure, so each is aborted, which frees its K/V.
+    """
+    running = getattr(getattr(engine, "scheduler", None), "running", None)
+    touched = list(request_ids) if running is None else [r.request_id for r in running if r.request_id in request_ids]
+    for request_id in touched:
+        try:
+            engine.abort(request_id)
+        except Exception:  # the engine is in a bad state; the request is dropped either way
+            logger.error("abort of %s after a failed step raised:\n%s", request_id, traceback.format_exc())
+    return touched
+
+
+class AsyncLLMEngine(EngineClient):
     """Drives a step-API engine (``add_request`` / ``step`` / ``abort``) from a thread, for asyncio callers."""
 
     def __init__(self, engine) -> None:
         self.engine = engine
+        self.tokenizer, self.max_model_len = engine.tokenizer, engine.max_model_len
+        self.milestone, self.model = engine.milestone, str(engine.config.model)
         self.state = EngineState.read(engine)
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._streams: dict[str, RequestStream] = {}  # engine thread only: requests it is serving
@@ -163,6 +235,9 @@ class AsyncLLMEngine:
     @property
     def num_in_flight(self) -> int:
         return len(self._active)
+
+    def describe(self) -> list[str]:
+        return describe_engine(self.engine)
 
     async def add_request(self, prompt: str | list[int], params) -> RequestStream:
         """Queue a request for the engine; returns its stream once the engine accepted it.
@@ -285,17 +360,7 @@ class AsyncLLMEngine:
 
     def _fail_running(self, error: Exception) -> None:
         """A step raised: the requests it was running are lost. Abort them (freeing K/V) and tell their clients."""
-        scheduler = getattr(self.engine, "scheduler", None)
-        running = getattr(scheduler, "running", None)
-        if running is None:  # cannot tell who was in the step: fail everything in flight
-            touched = list(self._streams)
-        else:
-            touched = [r.request_id for r in running if r.request_id in self._streams]
-        for request_id in touched:
-            try:
-                self.engine.abort(request_id)
-            except Exception:  # the engine is in a bad state; the request is dropped either way
-                logger.error("abort of %s after a failed step raised:\n%s", request_id, traceback.format_exc())
+        touched = abort_touched_requests(self.engine, self._streams)
         self._fail(touched, EngineError(f"the engine failed while running this request: {error!r}"))
         self._publish_state()
 

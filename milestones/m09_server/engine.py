@@ -24,6 +24,14 @@ class LLMEngine(TritonKernelEngine):
     """m08's engine; ``step()`` outputs of running requests leave ``text`` empty (see the module docstring)."""
 
     milestone = "m09_server"
+    serves_in_server_process = True  # the server drives this engine from a thread of its own process
+
+    @classmethod
+    def make_engine_client(cls, config: EngineConfig):
+        """What the server talks to: this engine driven from a thread of the server's own process."""
+        from .async_engine import AsyncLLMEngine
+
+        return AsyncLLMEngine(cls(config))
 
     def output_text(self, request: Request) -> str:
         if not request.is_finished:

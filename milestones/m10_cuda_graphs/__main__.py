@@ -15,9 +15,9 @@ import sys
 
 import torch
 
-from milestones.m01_naive_loop.demo import (Case, check_cases, cuda_median_ms, demo_parser, engine_config,
-                                            exit_on_bad_input, measure, parse_args, positive_int, print_speedup,
-                                            print_table, random_prompts, same_tokens)
+from milestones.common.demo import (Case, check_cases, cuda_median_ms, demo_parser, engine_config, exit_on_bad_input,
+                                    measure, parse_args, positive_int, print_speedup, print_table, random_prompts,
+                                    same_tokens)
 from milestones.m09_server import LLMEngine as ServerEngine
 from milestones.m10_cuda_graphs import EngineConfig, LLMEngine, SamplingParams
 

@@ -16,11 +16,3 @@ class EngineConfig(ServerConfig):
 
     enforce_eager: bool = False
     max_cuda_graph_batch_size: int | None = None
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if not isinstance(self.enforce_eager, bool):
-            raise ValueError(f"enforce_eager must be True or False, got {self.enforce_eager!r}")
-        size = self.max_cuda_graph_batch_size
-        if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
-            raise ValueError(f"max_cuda_graph_batch_size must be a positive integer or None, got {size!r}")

@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import logging
 
-from milestones.m05_paged_blocks.scheduler import SchedulerOutput
-from milestones.m05_paged_blocks.sequence import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from milestones.m05_paged_blocks.engine import HostBatch
 from milestones.m06_prefix_cache.engine import PrefixCacheStats
 from milestones.m09_server import LLMEngine as ServerEngine
-
-from dataclasses import dataclass
 
 from .config import EngineConfig
 from .graph_runner import CUDAGraphRunner, batch_size_ladder
@@ -46,25 +47,41 @@ class GraphStats(PrefixCacheStats):
 
 class LLMEngine(ServerEngine):
     milestone = "m10_cuda_graphs"
+    graph_runner_class = CUDAGraphRunner
     config: EngineConfig
     stats: GraphStats
 
     def __init__(self, config: EngineConfig | None = None) -> None:
         self.graph_runner: CUDAGraphRunner | None = None
         super().__init__(config if config is not None else EngineConfig())
-        pack_projections(self.model)
+        self.prepare_model()
         if self.can_use_cuda_graphs():
-            max_batch = self.config.max_cuda_graph_batch_size or self.config.max_num_seqs
-            block_size = self.config.block_size
-            self.graph_runner = CUDAGraphRunner(self.model, self.kv_pool, batch_size_ladder(max_batch),
-                                                -(-self.max_model_len // block_size), self.max_model_len,
-                                                self.device)
+            self.graph_runner = self.build_graph_runner(capture=True)
             logger.info(self.describe_cuda_graphs())
         self.stats = self.new_stats()
+
+    def prepare_model(self) -> None:
+        """Change the loaded model's layers before any graph records them: here, pack the projections."""
+        pack_projections(self.model)
 
     def can_use_cuda_graphs(self) -> bool:
         return (not self.config.enforce_eager and self.device.type == "cuda"
                 and self.attention_backend == "triton")
+
+    def build_graph_runner(self, capture: bool = True) -> CUDAGraphRunner:
+        """The runner this config asks for: graphs for the ladder of batch sizes up to ``max_cuda_graph_batch_size``
+        (default ``max_num_seqs``), block tables wide enough for a sequence of ``max_model_len`` tokens.
+
+        ``capture=False`` builds the same static buffers without recording anything: the CPU tests step through
+        them (with the kernels in Triton's interpreter), so this setup is checked without a GPU."""
+        max_batch = self.config.max_cuda_graph_batch_size or self.config.max_num_seqs
+        max_blocks_per_seq = -(-self.max_model_len // self.config.block_size)  # ceil: a last, partial block
+        return self.graph_runner_class(self.model_for_graphs(), self.kv_pool, batch_size_ladder(max_batch),
+                                       max_blocks_per_seq, self.max_model_len, self.device, capture=capture)
+
+    def model_for_graphs(self):
+        """The model the decode graphs record (here the engine's own; m12 records a fused one)."""
+        return self.model
 
     def describe_cuda_graphs(self) -> str:
         runner = self.graph_runner
@@ -84,20 +101,18 @@ class LLMEngine(ServerEngine):
             stats.cuda_graph_batch_sizes = tuple(runner.ladder)
         return stats
 
-    def is_graph_step(self, out: SchedulerOutput) -> bool:
-        return (self.graph_runner is not None and len(out.scheduled) <= self.graph_runner.ladder[-1]
-                and all(item.num_new_tokens == 1 and item.seq.num_uncomputed_tokens == 1 for item in out.scheduled))
+    def is_graph_step(self, host: HostBatch) -> bool:
+        """Decode-only (one token per sequence, and every sequence samples) and within the ladder."""
+        return (self.graph_runner is not None and len(host.query_lens) <= self.graph_runner.ladder[-1]
+                and len(host.sampling) == len(host.input_ids) == len(host.query_lens))
 
-    def execute(self, out: SchedulerOutput) -> list[Sequence]:
-        if not self.is_graph_step(out):
+    def forward(self, host: HostBatch) -> torch.Tensor | None:
+        if not self.is_graph_step(host):
             self.stats.eager_steps += 1
-            return super().execute(out)
-        host = self.host_batch(out)  # every sequence samples: host.sampling is the whole step, in order
-        logits = self.graph_runner.replay(host.input_ids, host.positions, host.slot_mapping, host.context_lens,
-                                          self.block_table_array(host.block_tables))
-        self.count_tokens(out)
-        for item in out.scheduled:
-            item.seq.num_computed_tokens += 1
-        self.sample_logits_and_append(logits, host.sampling)
+            return super().forward(host)
         self.stats.graph_steps += 1
-        return host.sampling
+        return self.replay_graph(host)  # every sequence samples: the logits are the whole step's, in order
+
+    def replay_graph(self, host: HostBatch) -> torch.Tensor:
+        return self.graph_runner.replay(host.input_ids, host.positions, host.slot_mapping, host.context_lens,
+                                        self.block_table_array(host.block_tables))

@@ -1,8 +1,9 @@
 """Decode steps replayed from CUDA graphs: the launches of a whole forward pass recorded once, replayed in one call.
 
-An eager forward pass of Qwen3-0.6B launches about 500 kernels from Python, one after another; on the H200
-machines each launch costs the CPU several microseconds, so a decode step takes 10-25 ms whatever it computes
-(``benchmarks/launch_overhead.py``). A **CUDA graph** records the launches of one forward pass (kernels,
+An eager decode step of Qwen3-0.6B launches about 540 kernels from Python with m10's packed layers (700-760
+with m01's), one after another, and each launch costs the CPU 14-40 microseconds on the H200 hosts measured
+(Python, PyTorch's dispatcher or Triton's launcher, then the driver), so the step takes 10-28 ms whatever it
+computes (docs/m10-cuda-graphs.md counts the kernels and divides the measured steps by them). A **CUDA graph** records the launches of one forward pass (kernels,
 arguments, memory addresses) and replays all of them with a single call. Three consequences shape this file:
 
 * **Static buffers.** A replay reuses the recorded addresses, so the inputs must be *in* tensors that never

@@ -8,7 +8,7 @@ a time as the model loads), ``fp8_kv_cache.py`` (the K/V cache in float8 e4m3 wi
 (``quantization``, ``kv_cache_dtype``, ``calculate_kv_scales``: vLLM's names).
 """
 
-from milestones.m10_cuda_graphs import RequestOutput, SamplingParams
+from milestones.m12_async_scheduling import RequestOutput, SamplingParams
 
 from .config import EngineConfig
 from .engine import LLMEngine

@@ -1,6 +1,6 @@
 """``python -m milestones.m13_quantization``: weights and K/V in fewer bytes; what it saves and what it costs.
 
-For the unquantized engine (m10, the previous milestone, in the model's dtype) and for m13 with int8 weights,
+For the unquantized engine (m12, the previous milestone, in the model's dtype) and for m13 with int8 weights,
 int4 weights and an FP8 K/V cache, on the same prompts:
 
 1. bytes: per weight (scales included), of the linear layers in all, per cached token of K/V;
@@ -22,10 +22,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from milestones.m01_naive_loop.demo import (Case, check_cases, demo_parser, engine_config, exit_on_bad_input,
-                                            measure, parse_args, positive_float, positive_int, print_speedup,
-                                            print_table, random_prompts)
-from milestones.m10_cuda_graphs import EngineConfig as PreviousConfig, LLMEngine as PreviousEngine
+from milestones.common.demo import (Case, byte_size, check_cases, demo_parser, engine_config, exit_on_bad_input,
+                                    measure, parse_args, positive_int, print_speedup, print_table, random_prompts)
+from milestones.m12_async_scheduling import EngineConfig as PreviousConfig, LLMEngine as PreviousEngine
 from milestones.m13_quantization import EngineConfig, LLMEngine, SamplingParams
 
 from .accuracy import compare_logits
@@ -77,13 +76,13 @@ def main(argv: list[str] | None = None):
                         help="teacher-forced positions per prompt in the logit comparison")
     parser.add_argument("--step-tokens", type=positive_int, default=8,
                         help="tokens the single request generates for the batch-1 step time")
-    parser.add_argument("--kv-cache-memory", type=positive_float, default=0.05,
-                        help="GiB of K/V per engine (the same for all: FP8 fits twice the tokens in it)")
+    parser.add_argument("--kv-cache-memory-bytes", type=byte_size, default="64M",
+                        help="K/V bytes per engine (64M: 64 MiB), the same for all: FP8 fits twice the tokens in it")
     args = parse_args(parser, argv)
     modes = args.modes if isinstance(args.modes, list) else mode_list(args.modes)
 
     with exit_on_bad_input(parser):
-        knobs = {"max_num_seqs": max(args.num_prompts, 1), "kv_cache_memory_gib": args.kv_cache_memory}
+        knobs = {"max_num_seqs": max(args.num_prompts, 1), "kv_cache_memory_bytes": args.kv_cache_memory_bytes}
         previous = PreviousEngine(engine_config(PreviousConfig, args, **knobs))
         engines = {mode: LLMEngine(engine_config(EngineConfig, args, **knobs, **MODES[mode])) for mode in modes}
         prompts = random_prompts(previous.vocab_size, args.num_prompts, args.prompt_len, args.prompt_len, args.seed)
@@ -102,7 +101,8 @@ def main(argv: list[str] | None = None):
 
     rows = [bytes_row(base_label, previous, None)]
     rows += [bytes_row(f"m13 {mode}", engines[mode], MODES[mode].get("quantization")) for mode in modes]
-    print_table(rows, f"bytes: weights and K/V ({args.kv_cache_memory:g} GiB of K/V per engine)", BYTES_COLUMNS)
+    print_table(rows, f"bytes: weights and K/V ({args.kv_cache_memory_bytes / 2**20:g} MiB of K/V per engine)",
+                BYTES_COLUMNS)
 
     timed = measure(cases, args.repeats)
     errors = compare_logits(previous, {f"m13 {mode}": engines[mode] for mode in modes}, prompts, args.max_tokens)

@@ -53,7 +53,9 @@ class ForcedSampler:
     """Stands in for an engine's sampler: records every row of logits it is given and returns the forced token.
 
     ``continuations[i]`` is the token sequence prompt ``i`` is forced along; a request is recognised by its prompt
-    (the prompts of one comparison are distinct) and its position by the tokens it has so far.
+    (the prompts of one comparison are distinct) and its position by the tokens it has so far, those sampled but
+    not yet read back included (m12 reads a step's ids one step late: ``num_pending``). Rows are copied: a
+    replayed CUDA graph writes its logits into the same buffer every step.
     """
 
     def __init__(self, prompts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]]) -> None:
@@ -62,14 +64,17 @@ class ForcedSampler:
             raise ValueError("teacher forcing needs distinct prompts")
         self.rows: dict[tuple[int, int], torch.Tensor] = {}
 
-    def __call__(self, logits: torch.Tensor, requests: list) -> list[int]:
+    def sample_ids(self, logits: torch.Tensor, requests: list) -> torch.Tensor:
         tokens = []
         for row, request in zip(logits, requests):
             index, continuation = self.by_prompt[tuple(request.prompt_token_ids)]
-            position = len(request.output_token_ids)
-            self.rows[(index, position)] = row.float()
+            position = len(request.output_token_ids) + getattr(request, "num_pending", 0)
+            self.rows[(index, position)] = row.float().clone()
             tokens.append(continuation[position])
-        return tokens
+        return torch.tensor(tokens, dtype=torch.long, device=logits.device)
+
+    def __call__(self, logits: torch.Tensor, requests: list) -> list[int]:
+        return self.sample_ids(logits, requests).tolist()
 
     def release(self, request) -> None:
         pass

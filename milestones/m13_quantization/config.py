@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from milestones.m10_cuda_graphs import EngineConfig as PreviousConfig
+from milestones.m12_async_scheduling import EngineConfig as PreviousConfig
 
 from .quantize import QUANTIZATION_METHODS
 

@@ -26,7 +26,7 @@ import torch
 from milestones.m01_naive_loop.loader import PRESETS, LoadedModel
 from milestones.m04_continuous_batching.kv_pool import KVPool
 from milestones.m05_paged_blocks.paged_attention import AttentionMetadata, PagedAttention
-from milestones.m10_cuda_graphs import LLMEngine as PreviousEngine
+from milestones.m12_async_scheduling import LLMEngine as PreviousEngine
 
 from .config import EngineConfig
 from .fp8_kv_cache import FP8_DTYPE, FP8PagedKVCache, fp8_unsupported_reason

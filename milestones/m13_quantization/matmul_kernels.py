@@ -29,7 +29,7 @@ the float32 product: per column at the end (int8), per group after each group's 
 ``F.linear`` (cuBLAS) on it, slice after slice; at thousands of rows the product dwarfs the unpacking.
 
 Everything here decides from shapes and Python ints only (no tensor values), so the launches can be captured in
-m10's CUDA graphs. Without a GPU the kernels run in Triton's interpreter (m08's switch).
+m10's CUDA graphs. On CPU tensors the kernels run in Triton's interpreter (m08's ``device_kernel``).
 """
 
 from __future__ import annotations
@@ -37,12 +37,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-# Imported first: it chooses Triton's interpreter on a machine without CUDA (before any @triton.jit below).
-from milestones.m08_triton_kernel.paged_decode_kernel import INTERPRETED, INTERPRETER_PROBLEM
-from milestones.m08_triton_kernel.launch_config import sm_count
-
 import triton
 import triton.language as tl
+
+from milestones.m08_triton_kernel.device_kernel import device_kernel, runs_interpreted
+from milestones.m08_triton_kernel.launch_config import sm_count
 
 from .launch_config import QuantMatmulConfig, choose_launch, choose_split_k, fits_method
 from .quantize import GROUP_SIZE, QUANTIZATION_METHODS
@@ -65,6 +64,7 @@ def _unpack_int4(b, MAGIC: tl.constexpr):
     return lo, hi
 
 
+@device_kernel
 @triton.jit
 def _quantized_gemv_kernel(
     x_ptr, w_ptr, s_ptr, out_ptr,
@@ -155,6 +155,7 @@ def _quantized_gemv_kernel(
         tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
+@device_kernel
 @triton.jit
 def _quantized_dot_kernel(
     x_ptr, w_ptr, s_ptr, out_ptr,
@@ -229,6 +230,7 @@ def _quantized_dot_kernel(
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
 
 
+@device_kernel
 @triton.jit
 def _dequantize_kernel(
     w_ptr, s_ptr, out_ptr, N, K, stride_wn, stride_sn, stride_on,
@@ -293,8 +295,6 @@ def _check(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, method:
         raise ValueError("x, qweight and scales must be contiguous along their last dimension")
     if not (x.device == qweight.device == scales.device):
         raise ValueError(f"all tensors must be on one device; got {x.device}, {qweight.device}, {scales.device}")
-    if x.device.type != "cuda" and INTERPRETER_PROBLEM:
-        raise ValueError(f"the Triton quantized matmul got {x.device} tensors, but {INTERPRETER_PROBLEM}")
     return m, n, k
 
 
@@ -360,9 +360,9 @@ def _gemv(x, qweight, scales, m, n, k, int4, config, split_k) -> torch.Tensor:
     return out.to(x.dtype) if atomic else out
 
 
-def _dot_fp32(dtype: torch.dtype) -> bool:
+def _dot_fp32(x: torch.Tensor) -> bool:
     # Triton's interpreter computes bfloat16 dots wrongly (m08's kernel notes it too): upcast the tiles there.
-    return dtype == torch.float32 or (INTERPRETED and dtype == torch.bfloat16)
+    return x.dtype == torch.float32 or (runs_interpreted(x.device) and x.dtype == torch.bfloat16)
 
 
 def _dot(x, qweight, scales, m, n, k, int4, config) -> torch.Tensor:
@@ -372,7 +372,7 @@ def _dot(x, qweight, scales, m, n, k, int4, config) -> torch.Tensor:
     _quantized_dot_kernel[grid](
         x, qweight, scales, out, m, n, k, x.stride(0), qweight.stride(0), scales.stride(0), out.stride(0),
         INT4=int4, BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=block_k, GROUP=GROUP_SIZE,
-        GROUP_M=config.group_m, DOT_FP32=_dot_fp32(x.dtype), IEEE=x.dtype == torch.float32, EVEN_K=k % block_k == 0,
+        GROUP_M=config.group_m, DOT_FP32=_dot_fp32(x), IEEE=x.dtype == torch.float32, EVEN_K=k % block_k == 0,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
     return out

@@ -1,7 +1,7 @@
 """A streaming load client: many concurrent ``/v1/completions`` streams, timed at the client.
 
-The demo and ``benchmarks/online.py`` drive servers with it (ours, or any OpenAI-compatible one). Each
-request is timed from the moment it is sent:
+``benchmarks/online.py`` drives servers with it (ours, or any OpenAI-compatible one), and so does the m09
+notebook. Each request is timed from the moment it is sent:
 
 * **TTFT**: until the first chunk that carries a choice (queueing at the server included);
 * **inter-token latency**: the gaps between consecutive such chunks (our server sends one per engine step
@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import httpx
 from tqdm.auto import tqdm
 
-from milestones.m01_naive_loop.metrics import percentile
+from milestones.common.latency import percentile
 
 
 @dataclass

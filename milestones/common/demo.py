@@ -42,8 +42,7 @@ import torch
 from tabulate import tabulate
 from tqdm.auto import tqdm
 
-from .metrics import summarize
-from .sampling_params import SamplingParams
+from .latency import summarize
 
 NUM_BPE_TOKENS = 151_643  # Qwen's ids above this are special tokens (EOS among them): keep prompts below it
 MiB = 1024 * 1024
@@ -85,6 +84,24 @@ def _positive_float(text: str, allow_inf: bool) -> float:
     return value
 
 
+BYTE_SUFFIXES = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def byte_size(text: str) -> int:
+    """argparse ``type=`` for a memory size in bytes, written as vLLM's ``--kv-cache-memory-bytes`` takes it:
+    ``1073741824``, ``1G`` (GiB: binary, upper case) or ``1.5g`` (10**9: decimal, lower case)."""
+    text = text.strip()
+    number, scale = (text[:-1], BYTE_SUFFIXES[text[-1]]) if text[-1:] in BYTE_SUFFIXES else (text, 1)
+    try:  # a binary suffix (or none) takes a whole number, as vLLM's does; a decimal one a fraction too
+        value = int(number) * scale if scale % 1024 == 0 or scale == 1 else int(float(number) * scale)
+    except (ValueError, OverflowError):
+        value = None
+    if value is None or value < 1:
+        raise argparse.ArgumentTypeError(f"expected a number of bytes such as 2147483648, 2G (GiB) or 2g (10**9), "
+                                         f"got {text!r}")
+    return value
+
+
 def non_negative_int(text: str) -> int:
     """argparse ``type=`` for seeds: an integer >= 0."""
     try:
@@ -106,14 +123,23 @@ def positive_int_list(text: str) -> list[int]:
             f"expected comma-separated positive integers such as 32,256,1024, got {text!r}") from None
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """``--help`` shows each flag's default after its text, unless the text already says it (``"(default: room
+    for 6 requests)"``: what None means) or the default is None, which would say nothing."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        if "(default:" in (action.help or "") or action.default is None:
+            return action.help
+        return super()._get_help_string(action)
+
+
 def demo_parser(description: str, prog: str | None = None) -> argparse.ArgumentParser:
     """An ``ArgumentParser`` with the flags every demo takes; add the milestone's knobs to it.
 
     ``prog`` is the name ``--help`` shows, e.g. ``"python -m milestones.m02_kv_cache"``. Give every flag a
-    ``help`` text: ``ArgumentDefaultsHelpFormatter`` shows a flag's default only where it has one.
+    ``help`` text; one whose default is None says what None means, ending ``(default: ...)`` (``HelpFormatter``).
     """
-    parser = argparse.ArgumentParser(prog=prog, description=description,
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = argparse.ArgumentParser(prog=prog, description=description, formatter_class=HelpFormatter)
     parser.add_argument("--model", default="tiny",
                         help="a preset (tiny, qwen3-0.6b-random), a checkpoint directory, or a hub id "
                              "such as Qwen/Qwen3-0.6B")
@@ -180,7 +206,7 @@ class Case:
     label: str
     engine: Any
     prompts: Sequence
-    params: SamplingParams | Sequence[SamplingParams]
+    params: Any  # the engine's SamplingParams, one for all prompts or one per prompt
 
 
 def check_cases(cases: Sequence[Case]) -> None:
@@ -208,7 +234,7 @@ def _warm_up(case: Case) -> None:
     charged to the first timed run. Built from the case's first request, so it is valid whenever that is:
     at most 16 of its prompt tokens and at most its ``max_tokens`` (2 when it allows that)."""
     first = case.engine.make_requests(case.prompts, case.params)[0]
-    params = SamplingParams(max_tokens=min(2, first.params.max_tokens), ignore_eos=True)
+    params = type(first.params)(max_tokens=min(2, first.params.max_tokens), ignore_eos=True)
     case.engine.generate([first.prompt_token_ids[:16]], params, use_tqdm=False)
 
 
@@ -264,14 +290,14 @@ def interleaved_rounds(runs: Sequence[Callable[[], dict]], repeats: int = DEFAUL
             for i, run in enumerate(runs):
                 rounds[i].append(run())
                 bar.update(1)
-    return [_merge_rounds(rows) for rows in rounds]
+    return [merge_rounds(rows) for rows in rounds]
 
 
 def _is_number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def _merge_rounds(rows: list[dict]) -> dict:
+def merge_rounds(rows: list[dict]) -> dict:
     """One row from a run's rounds (see ``interleaved_rounds``)."""
     merged = {}
     for key, first in rows[0].items():

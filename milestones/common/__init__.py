@@ -1,0 +1,14 @@
+"""Plumbing that every milestone uses and none teaches: read a milestone's own package for its idea.
+
+* ``demo.py``: what every demo (``python -m milestones.mNN_...``) is built from: flag types and the common flags,
+  one-line errors, seeded prompts, timing in interleaved rounds, tables and speed-ups;
+* ``latency.py``: TTFT, inter-token latency and throughput from the timestamps every ``RequestOutput`` carries;
+* ``engine_stats.py``: ``EngineStats``, the counters an engine keeps while it runs (``engine.stats``);
+* ``server_thread.py``: uvicorn in a background thread on a free port (m09's demo, the tests, the benchmarks);
+* ``serve_cli.py``: ``python -m milestones.m09_server serve``'s command line, with vLLM's flag names;
+* ``stream_client.py``: concurrent streams through the official ``openai`` client, timed (m09's demo).
+
+Nothing here imports a numbered milestone (m01 imports this package, never the other way): where plumbing needs
+a milestone's class, the caller passes it in (``engine_config(EngineConfig, args)``, ``serve(argv, milestone,
+build_app)``).
+"""

@@ -1,0 +1,14 @@
+"""m12_async_scheduling: the host plans step N+1 while the GPU runs step N; sampled ids never leave the GPU
+on their way to the next step, and the host learns each step's tokens one step late, exactly.
+
+New here: ``sequence.py`` (a sequence with pending tokens), ``scheduler.py`` (m07's, planning with pending
+tokens), ``in_flight.py`` (a launched step and its sampled ids), ``graph_runner.py`` (m10's runner, safe to load
+while the previous step copies), ``engine.py`` (the overlapped step) and ``config.py`` (``async_scheduling``).
+"""
+
+from milestones.m11_engine_core import RequestOutput, SamplingParams
+
+from .config import EngineConfig
+from .engine import LLMEngine
+
+__all__ = ["EngineConfig", "LLMEngine", "RequestOutput", "SamplingParams"]

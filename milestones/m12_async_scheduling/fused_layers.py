@@ -1,0 +1,76 @@
+"""The decoder with fused kernels (``fused_kernels.py``), for the decode steps m10 records in CUDA graphs.
+
+The residual stream changes shape to let one kernel do an addition and the next norm, across layer borders::
+
+    m10:   x = x + attn(norm1(x));   x = x + mlp(norm2(x))                  (per layer: 2 adds, 2 norms)
+    here:  h, residual = norm1(x), x
+           for each layer:
+               h = add_rms_norm(attn(h), residual, norm2)           residual += attn(h); h = norm2(residual)
+               h = add_rms_norm(mlp(h), residual, next layer's norm1, or the final norm)
+
+The weights are the same tensors (nothing is copied) and the forward signature is the model's, so m10's graph
+runner records it unchanged. Only the graphs use it: a replay launches no kernel from Python, so fewer, larger
+kernels are pure gain there, while in an eager step each Triton launch costs the host more than the torch ops it
+replaces.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from milestones.m01_naive_loop.model import AttentionFn, Qwen3ForCausalLM, Qwen3Model
+from milestones.m10_cuda_graphs.packed_layers import PackedAttention, PackedMLP
+
+from .fused_kernels import add_rms_norm, qk_norm_rope, silu_and_mul
+
+
+class FusedQwen3Model(nn.Module):
+    """m01's ``Qwen3Model`` (its modules, shared) with one fused kernel for each add + norm, q/k norm + RoPE and
+    SiLU * up."""
+
+    def __init__(self, model: Qwen3Model) -> None:
+        super().__init__()
+        self.embed_tokens, self.layers, self.norm, self.rotary_emb = (model.embed_tokens, model.layers, model.norm,
+                                                                      model.rotary_emb)
+        for layer in self.layers:
+            if not isinstance(layer.self_attn, PackedAttention) or not isinstance(layer.mlp, PackedMLP):
+                raise ValueError("fused layers need m10's packed attention and MLP (pack_projections first)")
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attention: AttentionFn) -> torch.Tensor:
+        residual = self.embed_tokens(input_ids)
+        first = self.layers[0].input_layernorm
+        hidden = F.rms_norm(residual, (residual.shape[-1],), first.weight, first.eps)
+        norms = [layer.post_attention_layernorm for layer in self.layers]
+        next_norms = [layer.input_layernorm for layer in self.layers[1:]] + [self.norm]
+        for layer, norm, next_norm in zip(self.layers, norms, next_norms):
+            hidden = add_rms_norm(self.attend(layer.self_attn, hidden, positions, attention), residual, norm.weight,
+                                  norm.eps)
+            mlp = layer.mlp
+            hidden = add_rms_norm(mlp.down_proj(silu_and_mul(mlp.gate_up_proj(hidden))), residual, next_norm.weight,
+                                  next_norm.eps)
+        return hidden
+
+    def attend(self, attn: PackedAttention, x: torch.Tensor, positions: torch.Tensor,
+               attention: AttentionFn) -> torch.Tensor:
+        heads, kv_heads, dim = attn.num_heads, attn.num_kv_heads, attn.head_dim
+        qkv = attn.qkv_proj(x)
+        q, k = qk_norm_rope(qkv, heads, kv_heads, dim, attn.qk_norm_weight, self.rotary_emb.cos,
+                            self.rotary_emb.signed_sin, positions, attn.eps)
+        v = qkv[:, (heads + kv_heads) * dim:].view(-1, kv_heads, dim)
+        out = attention(attn.layer_idx, q, k, v)
+        return attn.o_proj(out.reshape(-1, heads * dim))
+
+
+class FusedCausalLM(nn.Module):
+    """The same ``Qwen3ForCausalLM`` (its modules, shared) whose forward runs ``FusedQwen3Model``."""
+
+    def __init__(self, model: Qwen3ForCausalLM) -> None:
+        super().__init__()
+        self.config, self.lm_head = model.config, model.lm_head
+        self.model = FusedQwen3Model(model.model)
+        self.compute_logits = model.compute_logits
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attention: AttentionFn) -> torch.Tensor:
+        return self.model(input_ids, positions, attention)
