@@ -22,8 +22,10 @@ one OR and one subtraction. int8's sign is folded in the same way: ``u = q ^ 0x8
 
 **dot** (batch 5+, prompt chunks, ``_quantized_dot_kernel``): the classic tiled matmul (``BLOCK_M`` rows of x by
 ``BLOCK_N`` rows of W, grouped so that tiles reuse W from L2), whose W tile is unpacked to the activations'
-dtype and fed to ``tl.dot`` on the tensor cores. Small integers are exact in bf16, so the scale is applied to
-the float32 product: per column at the end (int8), per group after each group's dot (int4).
+dtype and fed to ``tl.dot`` on the tensor cores. int8: the integers (exact in bf16) go into the dot and each
+column's scale multiplies the float32 result at the end. int4: each group's scale is multiplied into the unpacked
+tile before its dot (a bf16 rounding of 1/256, beside the format's own step of 1/14 of the range), so every dot
+accumulates into one float32 tile; a separate product per group would double the registers the tile needs.
 
 **dequant** (very large M, ``_dequantize_kernel``): unpack a slice of W's rows into a bf16 scratch and call
 ``F.linear`` (cuBLAS) on it, slice after slice; at thousands of rows the product dwarfs the unpacking.
@@ -191,24 +193,25 @@ def _quantized_dot_kernel(
                 group_ok = (kg + j) < K  # [HALF]: all true or all false (whole groups)
                 b = tl.load(w_ptr + cols[:, None] * stride_wn + (kg // 2 + j)[None, :],
                             mask=col_ok[:, None] & group_ok[None, :], other=0).to(tl.int32)  # [BLOCK_N, HALF]
-                lo = ((b & 0xF) - 8).to(compute_dtype)  # small integers: exact in bf16
-                hi = ((b >> 4) - 8).to(compute_dtype)
+                # a group past K (the last step of a K that BLOCK_K does not divide) has x = 0: any finite scale
+                # will do, read from a valid address
+                scale = tl.load(s_ptr + cols * stride_sn + tl.minimum(kg // GROUP, K // GROUP - 1), mask=col_ok,
+                                other=0.0)[:, None]
+                # the group's scale goes into the unpacked tile (one rounding to the dot's dtype), so the dots
+                # accumulate straight into acc: no second [BLOCK_M, BLOCK_N] accumulator to hold in registers
+                lo = (((b & 0xF) - 8).to(tl.float32) * scale).to(compute_dtype)
+                hi = (((b >> 4) - 8).to(tl.float32) * scale).to(compute_dtype)
                 x_mask = row_ok[:, None] & group_ok[None, :]
                 x_lo = tl.load(x_ptr + rows[:, None] * stride_xm + (kg + j)[None, :], mask=x_mask,
                                other=0.0).to(compute_dtype)
                 x_hi = tl.load(x_ptr + rows[:, None] * stride_xm + (kg + HALF + j)[None, :], mask=x_mask,
                                other=0.0).to(compute_dtype)
                 if IEEE:
-                    part = tl.dot(x_lo, tl.trans(lo), input_precision="ieee")
-                    part = tl.dot(x_hi, tl.trans(hi), part, input_precision="ieee")
+                    acc = tl.dot(x_lo, tl.trans(lo), acc, input_precision="ieee")
+                    acc = tl.dot(x_hi, tl.trans(hi), acc, input_precision="ieee")
                 else:
-                    part = tl.dot(x_lo, tl.trans(lo))
-                    part = tl.dot(x_hi, tl.trans(hi), part)
-                # a group past K (the last step of a K that BLOCK_K does not divide) has x = 0, so part = 0:
-                # any finite scale will do, read from a valid address
-                scale = tl.load(s_ptr + cols * stride_sn + tl.minimum(kg // GROUP, K // GROUP - 1), mask=col_ok,
-                                other=0.0)
-                acc += part * scale[None, :]
+                    acc = tl.dot(x_lo, tl.trans(lo), acc)
+                    acc = tl.dot(x_hi, tl.trans(hi), acc)
     else:
         ks = tl.arange(0, BLOCK_K)
         for k0 in range(0, K, BLOCK_K):
