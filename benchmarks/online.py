@@ -296,7 +296,7 @@ def run_target(args: argparse.Namespace, parser: argparse.ArgumentParser, milest
                 client = AsyncLLMEngine(engine)
             else:  # m11 on: the server starts an engine of its own in a process of its own; free this one first
                 engine = None
-                free_gpu_memory()
+                free_memory()
                 client = build_engine_client(module, args, parser, **defaults)
             server = ServerThread(build_app(client, served_model_name=args.model), graceful_shutdown_s=5.0).start()
             url, model = server.url, args.model

@@ -200,4 +200,10 @@ SETS: dict[str, list[Entry]] = {  # named by what they measure; calls/*.json rec
         Run("hf-static", "offline", 35),
         Run("hf-cb", "offline", 25),
     ],
+    # The host hidden behind the GPU (m12) against m10 and m11 (whose offline generate is m10's, in-process),
+    # and transformers' compiled generate beside them on `offline`.
+    "m10-m12-nanovllm": [Compare(("m10", "m11", "m12"), "nanovllm", run_s=(11, 11, 8), build_s=12)],
+    "m10-m12-nanovllm-pair": [Compare(("m10", "m12"), "nanovllm", run_s=(10, 7), build_s=(12, 18))],
+    "m10-m12-offline-peers": [Compare(("hf-compiled", "m10", "m12"), "offline", run_s=(8, 3, 2), build_s=(110, 12, 18))],
+    "m10-m12-memory-bound": [Compare(("m10", "m12"), "memory-bound", run_s=(5, 4), build_s=12)],
 }

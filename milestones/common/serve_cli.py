@@ -36,6 +36,8 @@ ENGINE_FLAGS: tuple[tuple[str, str, object, str, str], ...] = (
      "prompt prefixes", ""),
     ("--attention-backend", "attention_backend", str, "auto, torch or triton", ""),
     ("--enforce-eager", "enforce_eager", "flag", "never capture or replay CUDA graphs (m10 on)", ""),
+    ("--async-scheduling", "async_scheduling", argparse.BooleanOptionalAction, "plan step N+1 while the GPU runs "
+     "step N (m12 on)", ""),
 )
 
 
