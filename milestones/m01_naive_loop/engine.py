@@ -29,7 +29,7 @@ from tqdm.auto import tqdm
 
 from .attention import CausalAttention
 from .config import EngineConfig
-from .loader import load_model
+from .loader import LoadedModel, load_model
 from .request import Request, RequestOutput
 from .sampler import Sampler
 from .sampling_params import SamplingParams
@@ -53,7 +53,7 @@ class LLMEngine:
             # cuDNN's attention backend plans a graph per new shape: about 1.5 ms of CPU per call, measured on
             # the H200 machine, and our shapes change every step. Flash / memory-efficient kernels don't.
             torch.backends.cuda.enable_cudnn_sdp(False)
-        loaded = load_model(self.config.model, self.device, self.dtype, seed=self.config.seed)
+        loaded = self.load_model()
         self.model, self.model_config = loaded.model, loaded.config
         self.tokenizer = load_tokenizer(loaded.checkpoint_dir)
         self.vocab_size = self.model_config.vocab_size
@@ -62,6 +62,12 @@ class LLMEngine:
         self.sampler = Sampler(seed=self.config.seed)
         self.stats = self.new_stats()  # reset by every generate() call
         self._request_ids = itertools.count()
+
+    def load_model(self) -> LoadedModel:
+        """The model named by ``config.model``, on this engine's device in its dtype (``loader.py``). Called
+        once, before anything else is sized, so a later milestone can change the weights as they load (m13
+        quantizes them there, before the K/V cache takes what memory they leave)."""
+        return load_model(self.config.model, self.device, self.dtype, seed=self.config.seed)
 
     # ------------------------------------------------------------------ public API
 
