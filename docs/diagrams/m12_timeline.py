@@ -1,11 +1,11 @@
 """Draws docs/images/m12_timeline.png: three steady-state decode steps as the host and the GPU see them, taking
-turns (m10's step, which m11 runs unchanged in its engine core) and overlapped (m12).
+turns (m11: m10's step, in its engine core) and overlapped (m12).
 
     .venv/bin/python docs/diagrams/m12_timeline.py                   # writes docs/images/m12_timeline.png
     .venv/bin/python docs/diagrams/m12_timeline.py --out /tmp/t.png  # anywhere else
 
 The time axis is to scale and its lengths are measured: each step's wall time and GPU-busy time come from
-``benchmarks/results/h200/step_probe_m10.json`` and ``step_probe_m12.json`` (the exact ``nanovllm`` workload, steps
+``benchmarks/results/h200/step_probe_m11.json`` and ``step_probe_m12.json`` (the exact ``nanovllm`` workload, steps
 300-380), read here, so the figure changes when those files do. Taking turns, the host's share of a step is the
 wall time minus the GPU-busy time; overlapped, how the host splits its work inside a step is a schematic. Only
 matplotlib is needed; nothing of nanoserve is imported.
@@ -88,16 +88,16 @@ def draw_overlapped(ax, y: float, wall: float, busy: float, end: float) -> None:
 
 
 def draw(out: Path) -> None:
-    (m10_wall, m10_busy, m10_running), (m12_wall, m12_busy, m12_running) = probe("m10"), probe("m12")
-    end = STEPS * m10_wall + 0.5
+    (m11_wall, m11_busy, m11_running), (m12_wall, m12_busy, m12_running) = probe("m11"), probe("m12")
+    end = STEPS * m11_wall + 0.5
     fig, ax = plt.subplots(figsize=(12.5, 5.6))
     ax.set_xlim(-4.5, end + 0.2)
     ax.set_ylim(-1.5, 7.6)
     ax.axis("off")
 
-    ax.text(-4.4, 7.1, f"taking turns (m10's step; m11 runs it unchanged): {m10_wall:.2f} ms a step, the GPU "
-            f"busy {m10_busy:.2f} ms of it ({m10_wall / m10_busy:.2f}x)", fontsize=11, weight="bold")
-    draw_turns(ax, 4.9, m10_wall, m10_busy, end)
+    ax.text(-4.4, 7.1, f"taking turns (m11, m10's step): {m11_wall:.2f} ms a step, the GPU busy {m11_busy:.2f} ms "
+            f"of it ({m11_wall / m11_busy:.2f}x)", fontsize=11, weight="bold")
+    draw_turns(ax, 4.9, m11_wall, m11_busy, end)
     ax.text(-4.4, 3.4, f"overlapped (m12): {m12_wall:.2f} ms a step, the GPU busy {m12_busy:.2f} ms of it "
             f"({m12_wall / m12_busy:.2f}x)", fontsize=11, weight="bold")
     draw_overlapped(ax, 1.2, m12_wall, m12_busy, end)
@@ -113,8 +113,8 @@ def draw(out: Path) -> None:
     ax.legend(handles, ["host work (schedule, pack, launch the replay, append tokens, outputs)",
                         "the host blocked on the sampled ids", "the GPU running a step", "idle"],
               loc="lower center", ncol=4, fontsize=8, frameon=False, bbox_to_anchor=(0.5, -0.1))
-    ax.text(end, -1.45, f"to scale; step lengths measured (step_probe_m10.json, step_probe_m12.json: the exact "
-            f"nanovllm, steps 300-380, {m10_running:.0f} and {m12_running:.0f} requests running); how the host "
+    ax.text(end, -1.45, f"to scale; step lengths measured (step_probe_m11.json, step_probe_m12.json: the exact "
+            f"nanovllm, steps 300-380, {m11_running:.0f} and {m12_running:.0f} requests running); how the host "
             "splits its work inside a step is a schematic", ha="right", fontsize=7.5, color="#777777")
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
