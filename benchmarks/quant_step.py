@@ -55,6 +55,7 @@ def parse_list(text: str, choices=None, kind=str) -> list:
 def build(mode: str, args: argparse.Namespace) -> LLMEngine:
     began = time.perf_counter()
     engine = LLMEngine(EngineConfig(model=args.model, device="cuda", max_num_seqs=max(args.batches),
+                                    cudagraph_mode="full_decode_only",  # decode graphs are all it times
                                     kv_cache_memory_bytes=int(args.kv_cache_memory_gib * 2**30), seed=args.seed,
                                     **MODES[mode]))
     print(f"[{mode}] built in {time.perf_counter() - began:.1f} s; {engine.describe_weights()}; "
