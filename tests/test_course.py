@@ -98,11 +98,22 @@ def test_list_gains_come_from_the_committed_results(capsys):
     assert "the baseline" in block_m01
 
 
+# Declared figures whose result files a planned GPU call has not written yet: milestone -> the missing file's
+# stem. Their lines say "pending H200 run"; every other line of every milestone is measured.
+AWAITING_H200: dict[str, str] = {}
+
+
 def test_every_milestone_after_the_first_has_a_measured_figure(capsys):
     _, out, _ = run(capsys)
     for name in PACKAGES[1:]:
         block = block_of(out, name)
-        assert "H200" in block and "pending H200 run" not in block, block
+        pending = [line for line in block.splitlines() if "pending H200 run" in line]
+        assert "H200" in block and len(pending) < len(block.splitlines()) - 3, block  # one measured line at least
+        if name not in AWAITING_H200:
+            assert not pending, block
+            continue
+        assert pending, f"{name} is measured now: take it out of AWAITING_H200"
+        assert all(AWAITING_H200[name] in line for line in pending), pending
 
 
 def test_a_ratio_below_one_is_said_to_be_lower_and_interleaved_repeats_are_named(capsys):
@@ -137,6 +148,38 @@ def test_later_milestones_name_what_they_are_compared_with(capsys):
     versus_hf = median_ratio(repeats_of("hf-compiled_offline", "output_tokens_per_s"),
                              repeats_of("m10_offline", "output_tokens_per_s"))
     assert f"offline: {versus_hf:.2f}x " in block_of(out, "m10_cuda_graphs") and "hf-compiled's" in out
+
+
+def test_the_engine_core_and_overlap_figures_are_their_files(capsys):
+    _, out, _ = run(capsys)
+    m11 = block_of(out, "m11_engine_core")
+    online = result("online/online_m11_nanovllm")
+    assert f"{online['burst_vs_offline']:.2f}x the output tok/s of the same engine's offline generate" in m11
+    assert "of m10's server" in m11 and "single runs of different calls" in m11
+    m12 = block_of(out, "m12_async_scheduling")
+    ratio = median_ratio(repeats_of("m10_nanovllm+beside-m12", "output_tokens_per_s"),
+                         repeats_of("m12_nanovllm", "output_tokens_per_s"))
+    assert f"nanovllm (exact, 256 requests): {gains.format_ratio(ratio)} (" in m12 and "m10's output tok/s" in m12
+    wall = result("step_probe_m11")["step_wall_ms"] / result("step_probe_m12")["step_wall_ms"]
+    assert f"{gains.format_ratio(wall)} lower wall time per decode step than m11" in m12
+
+
+def test_a_figure_of_one_comparison_stays_pending_until_one_comparison_holds_both(tmp_path):
+    def write(name: str, comparison: str, commit: str, values: list[float]) -> None:
+        (tmp_path / f"{name}.json").write_text(json.dumps({
+            "status": "ok", "milestone": name, "env": {"git_commit": commit}, "comparison": {"id": comparison},
+            "metrics": {"output_tokens_per_s": values[0]},
+            "repeats": [{"metrics": {"output_tokens_per_s": v}} for v in values]}))
+
+    figure = gains.Figure("m10_x", "m12_x", "output_tokens_per_s", "output tok/s", "x", same_comparison=True)
+    write("m10_x", "x:m09/m10", "aaaaaaa", [100.0, 110.0, 90.0])  # an earlier call's comparison
+    assert "m12_x.json not committed" in gains.compare(figure, tmp_path).reason
+    write("m12_x", "x:m10/m12", "bbbbbbb", [150.0, 160.0, 140.0])
+    pending = gains.compare(figure, tmp_path)
+    assert isinstance(pending, gains.Pending) and "not the interleaved repeats of one comparison" in pending.reason
+    write("m10_x", "x:m10/m12", "bbbbbbb", [100.0, 110.0, 90.0])
+    gain = gains.compare(figure, tmp_path)
+    assert gain.ratio == pytest.approx(1.5) and gain.provenance == "medians of 3 interleaved runs"
 
 
 def test_a_milestone_without_committed_results_is_pending_never_a_number(tmp_path):
@@ -178,9 +221,14 @@ def test_a_spread_without_repeats_is_shown_as_a_range(tmp_path):
 
 def test_every_declared_figure_names_results_of_the_milestone_and_its_predecessor():
     """A figure compares the milestone with the one before it, or says what it compares with instead."""
+    awaiting = {name.split("_")[0]: stem for name, stem in AWAITING_H200.items()}
     for key, figures in gains.FIGURES.items():
         for figure in figures:
-            assert gains.load_result(figure.new)["milestone"].split("_")[0] == key, figure
+            result = gains.load_result(figure.new)
+            if result is None:
+                assert awaiting.get(key) == figure.new, f"{figure.new}.json is not committed"
+                continue
+            assert result["milestone"].split("_")[0] == key, figure
             if figure.versus is None:
                 assert figure.new.split("_")[0] == key, figure
                 assert figure.old.split("_")[0] == f"m{int(key[1:]) - 1:02d}", figure

@@ -227,3 +227,37 @@ def test_captured_output_has_no_cursor_movements(tied_checkpoint, tokenizer_cach
     demo.main(["--model", str(tied_checkpoint[0]), "--device", "cpu", "--repeats", "1", *argv])
     out, err = capsys.readouterr()
     assert "\x1b[A" not in out + err and "identical tokens (greedy): yes" in out
+
+
+def test_m11_demo_serves_the_same_burst_from_both_servers(capsys, small_model):
+    """Two servers (m10's engine thread, m11's engine core process): same text, every token counted."""
+    from milestones.m11_engine_core.__main__ import main as m11_demo
+
+    rows = m11_demo(["--model", small_model, "--device", "cpu", "--num-requests", "3", "--prompt-len", "5",
+                     "--max-tokens", "4", "--max-num-seqs", "4", "--repeats", "1"])
+    out = capsys.readouterr().out
+    assert "engine core: process" in out and "same text from both servers (greedy): yes" in out
+    assert [row["label"] for row in rows] == ["m10 server (engine thread)", "m11 server (engine core process)"]
+    assert all(row["requests"] == 3 and row["output tokens"] == 3 * 4 for row in rows)
+
+
+def test_m12_demo_times_a_step_with_and_without_overlap_and_agrees(capsys, small_model):
+    from milestones.m12_async_scheduling.__main__ import main as m12_demo
+
+    rows = m12_demo(["--model", small_model, "--device", "cpu", "--num-requests", "3", "--prompt-len", "5",
+                     "--max-tokens", "5", "--timeline-steps", "2", "--repeats", "1"])
+    out = capsys.readouterr().out
+    assert "same tokens: yes" in out and "nothing can overlap" in out  # on a CPU the demo says why both cost the same
+    timeline, e2e = rows[:2], rows[2:]
+    assert [row["running"] for row in timeline] == [3, 3]
+    assert all(row["waiting for the GPU (ms/step)"] is None for row in timeline)  # a CPU waits for nothing
+    assert [row["output tokens"] for row in e2e] == [15, 15]
+
+
+def test_m12_demo_refuses_a_timeline_longer_than_the_answers(capsys):
+    from milestones.m12_async_scheduling.__main__ import main as m12_demo
+
+    with pytest.raises(SystemExit) as exit_info:
+        m12_demo(["--device", "cpu", "--max-tokens", "4", "--timeline-steps", "4"])
+    assert exit_info.value.code == 2
+    assert "--timeline-steps (4) must be below --max-tokens (4)" in capsys.readouterr().err

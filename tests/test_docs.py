@@ -55,6 +55,8 @@ SMALL = {  # a demo's size flag -> the most it gets here (a list with any elemen
     "--prompt-len": 16, "--prompt-lens": 16, "--min-prompt-len": 8, "--max-prompt-len": 16,
     "--repeats": 1,  # demo.measure's timed rounds: one proves the path runs
     "--long-len": 256, "--decoder-tokens": 4,  # m07's long prompts and its decoders
+    "--num-requests": 8,  # the servers' demos (m09, m11): streams at once
+    "--timeline-steps": 2,  # m12's timed decode steps (fewer than --max-tokens)
 }
 SMALL_LISTS = {"--prompt-lens": "8,16"}  # what a list flag gets instead
 COMMAND_TIMEOUT_S = 120

@@ -12,7 +12,8 @@ A result may carry interleaved repeats of the same run (``repeats``: a list of r
 or just its ``metrics``; or ``spread``: ``{metric: {"min": .., "max": ..}}``). Then the figure is the median
 with its min-max. When both sides have the same number of repeats, the same commit and the same comparison
 (``comparison.id``) they were interleaved in one call (A, B, A, B, ...), so the ratio is taken pair by pair and
-its median and range are reported.
+its median and range are reported. A figure marked ``same_comparison`` counts only then: until one comparison
+holds both sides (the older engine's file may come from an earlier call), it shows "pending H200 run".
 Every line says how its two sides were measured (``provenance``): interleaved repeats, single runs, runs of
 different calls (named by commit), or of a call earlier than the suite calls recorded in ``calls/*.json``.
 """
@@ -55,6 +56,7 @@ class Figure:
     versus: str | None = None  # what ``old`` is when it is not the previous milestone, e.g. "hf-compiled"
     note: str = ""  # said after the numbers
     fewer: bool = False  # a count: "16x fewer prompt tokens computed" rather than "16x lower ..."
+    same_comparison: bool = False  # a number only from interleaved repeats of one comparison, never across calls
 
     @property
     def sections(self) -> tuple[str, str]:
@@ -116,6 +118,27 @@ FIGURES: dict[str, tuple[Figure, ...]] = {
             Figure("online/online_m09_offline", "online/online_m10_offline", "output_tokens_per_s", TOKS,
                    "offline, served over HTTP, all at once (burst)", section="runs:inf", versus="m09's server",
                    note="at a p99 TTFT target of 0.25-1 s: 1,951 vs 814 tok/s (2.40x)")),
+    "m11": (Figure("online/online_m11_nanovllm", "online/online_m11_nanovllm", "output_tokens_per_s", TOKS,
+                   "nanovllm, streamed over HTTP all at once (burst)", section="runs:inf",
+                   old_section="offline_reference", versus="the same engine's offline generate",
+                   note="what serving costs once the server's Python runs in a process of its own"),
+            Figure("online/online_m10_nanovllm", "online/online_m11_nanovllm", "output_tokens_per_s", TOKS,
+                   "nanovllm, streamed over HTTP all at once (burst)", section="runs:inf", versus="m10's server",
+                   note="hosts differ between calls: compare each burst with its own engine's offline generate"),
+            Figure("m10_nanovllm+beside-m12", "m11_nanovllm", "output_tokens_per_s", TOKS, "nanovllm, offline generate",
+                   versus="m10", same_comparison=True,
+                   note="no gain expected: offline, m11's generate is m10's, in the caller's process")),
+    "m12": (Figure("m10_nanovllm+beside-m12", "m12_nanovllm", "output_tokens_per_s", TOKS,
+                   "nanovllm (exact, 256 requests)", versus="m10", same_comparison=True,
+                   note="m11's offline generate is m10's: the step before the overlap"),
+            Figure("step_probe_m11", "step_probe_m12", "step_wall_ms", "wall time per decode step",
+                   "nanovllm at steady state (steps 300-380, benchmarks.step_probe)", lower_is_better=True,
+                   versus="m11", note="the host's work hidden behind the GPU's, and fewer, larger kernels in the decode graphs"),
+            Figure("m10_memory-bound+beside-m12", "m12_memory-bound", "output_tokens_per_s", TOKS, "memory-bound",
+                   versus="m10", same_comparison=True),
+            Figure("hf-compiled_offline+beside-m12", "m12_offline", "output_tokens_per_s", TOKS, "offline",
+                   versus="hf-compiled", same_comparison=True,
+                   note="steps with prompt chunks ran eagerly, most of the wall time: see m12's page")),
 }
 
 
@@ -240,6 +263,9 @@ def compare(figure: Figure, results_dir: Path = RESULTS_DIR) -> Gain | Pending:
     old, new = measurements
     interleaved = (len(old.values) == len(new.values) > 1 and _commit(old.result) == _commit(new.result)
                    and _comparison(old.result) == _comparison(new.result))
+    if figure.same_comparison and not interleaved:
+        return Pending(figure, f"{PENDING} ({figure.old}.json and {figure.new}.json are not the interleaved "
+                               "repeats of one comparison)")
     if interleaved:  # repeats of one call, A, B, A, B, ...: compare pair by pair
         ratios = [_better(a, b, figure.lower_is_better) for a, b in zip(old.values, new.values)]
         ratio, low, high = statistics.median(ratios), min(ratios), max(ratios)
@@ -317,6 +343,8 @@ def format_value(metric: str, value: float) -> str:
     """A metric's value with its unit: seconds as ms (or s), rates as tok/s, counts with thousands separators."""
     if metric.endswith("_per_s"):
         return f"{value:,.0f} tok/s" if value >= 100 else f"{value:,.1f} tok/s"
+    if metric.endswith("_ms"):
+        return f"{value:.2f} ms"
     if metric.endswith("_s"):
         if value >= 10:
             return f"{value:,.1f} s"
@@ -359,7 +387,9 @@ def _slice_note(gain: Gain) -> str:
     """``; m02 ran 16 of its 128 requests`` when a side ran only part of its workload's requests."""
     notes = []
     for side in (gain.old.result, gain.new.result):
-        workload = side.get("workload") or {}
+        workload = side.get("workload")
+        if not isinstance(workload, dict):  # a probe's file names its workload only
+            continue
         run, total = workload.get("num_requests"), workload.get("num_requests_total")
         if run and total and run != total:
             notes.append(f"{side.get('milestone', '?')} ran {run:,} of its {total:,} requests")

@@ -4,7 +4,8 @@ thread of the server's process) and by m11's (engine in a process of its own), i
 Both serve the same prompts with the same engine settings; the table shows output tokens/s and time to first
 token at the clients, and whether both returned the same text. ``serve`` starts m11's server (m09's flags).
 On a CPU with the tiny model the engine's steps are cheap, so the server's own Python is a large share of the
-time: the split shows there too, though two cores shared by three processes (clients, front end, core) blur it.
+time: the split shows there too, though the clients run in the demo's own process (beside both servers, which
+run in threads of it) and two cores shared by everything blur it.
 """
 
 from __future__ import annotations

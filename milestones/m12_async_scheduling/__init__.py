@@ -3,7 +3,10 @@ on their way to the next step, and the host learns each step's tokens one step l
 
 New here: ``sequence.py`` (a sequence with pending tokens), ``scheduler.py`` (m07's, planning with pending
 tokens), ``in_flight.py`` (a launched step and its sampled ids), ``graph_runner.py`` (m10's runner, safe to load
-while the previous step copies), ``engine.py`` (the overlapped step) and ``config.py`` (``async_scheduling``).
+while the previous step copies), ``engine.py`` (the overlapped step) and ``config.py`` (``async_scheduling``,
+``cudagraph_mode``). With the host hidden, a step costs what the GPU does: ``fused_kernels.py`` and
+``fused_layers.py`` (three Triton kernels in the graphs instead of many small ones) and ``piecewise.py`` (steps
+with prompt chunks replayed in pieces between the attentions) make that smaller.
 """
 
 from milestones.m11_engine_core import RequestOutput, SamplingParams
