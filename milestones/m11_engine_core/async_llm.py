@@ -196,6 +196,7 @@ class AsyncLLM(EngineClient):
 
     def _core_exited(self) -> None:
         """The core process ended (the event loop saw its sentinel) while it should be serving."""
+        self.core.process.join(1.0)  # reap it: its exit code is known only then
         self._core_gone(f"the engine core process died (exit code {self.core.process.exitcode})")
 
     def _core_gone(self, reason: str) -> None:

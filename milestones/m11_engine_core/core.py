@@ -30,6 +30,7 @@ import logging
 import multiprocessing
 import multiprocessing.connection
 import os
+import shutil
 import signal
 import threading
 import traceback
@@ -108,7 +109,7 @@ def run_engine_core(engine_class, config, input_address: str, output_address: st
     torch.set_num_threads(num_threads)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the front end decides when to stop
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))  # the runtime kills us: nothing to save
-    _exit_with_parent()
+    _exit_with_parent(socket_folder=input_address.removeprefix("ipc://").rsplit("/", 1)[0])
     context = zmq.Context()
     inputs = context.socket(zmq.PULL)
     outputs = context.socket(zmq.PUSH)
@@ -136,14 +137,16 @@ def run_engine_core(engine_class, config, input_address: str, output_address: st
         context.term()
 
 
-def _exit_with_parent() -> None:
-    """End this process when its parent ends, however the parent ended (a thread waits on its sentinel)."""
+def _exit_with_parent(socket_folder: str) -> None:
+    """End this process when its parent ends, however the parent ended (a thread waits on its sentinel); a parent
+    killed outright (SIGKILL) could not remove the sockets' folder, so the core does."""
     parent = multiprocessing.parent_process()
     if parent is None:
         return
 
     def wait_for_parent() -> None:
         multiprocessing.connection.wait([parent.sentinel])
+        shutil.rmtree(socket_folder, ignore_errors=True)
         os._exit(1)
 
     threading.Thread(target=wait_for_parent, name="exit-with-parent", daemon=True).start()
