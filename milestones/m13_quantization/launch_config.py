@@ -21,13 +21,15 @@ favour, ready to paste below. No triton import here: the tests check this arithm
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 KERNELS = ("gemv", "dot", "dequant")
 GEMV_MAX_M = 4
 SMALL_MAX_M = 32
 LARGE_MAX_M = 512
 MAX_SPLIT_K = 16
+GEMV_PROGRAMS_PER_SM = 4  # gemv: programs the table's launch aims for per SM (loads in flight)
+GEMV_MIN_BLOCK_N = 8  # ...halving block_n down to this many rows of W per program
 
 
 @dataclass(frozen=True)
@@ -79,9 +81,10 @@ def regime(m: int) -> str:
 
 
 # One configuration per method and regime: the design defaults until benchmarks/quant_bench.py has measured them
-# on the H200 (pending H200 run). gemv: 16 rows x 256 inputs per step (4 KB of int8, 2 KB of int4 per program),
-# 16-byte loads along K; compiled for sm_90 at batch 1 it takes 92 (int8) and 96 (int4) registers per thread:
-# 5 programs of 4 warps per SM (tests/compile_m13_for_gpu.py --registers).
+# on the H200 (pending H200 run). gemv: 4 KB of weights per program per step (int8: 16 rows x 256 inputs; int4:
+# 32 rows x 2 groups of 64 bytes), 16-byte cp.async loads along K pipelined num_stages deep, block_n halved by
+# gemv_for_shape where N is small; compiled for sm_90 (tests/compile_m13_for_gpu.py --registers) it takes 69-77
+# registers at batch 1, 77 (int8) and 159 (int4) at batch 4, and spills nothing.
 LAUNCH_TABLE: dict[str, dict[str, QuantMatmulConfig]] = {
     "int8": {
         "gemv": QuantMatmulConfig("gemv", block_n=16, block_k=256, num_warps=4, num_stages=3),
@@ -90,7 +93,7 @@ LAUNCH_TABLE: dict[str, dict[str, QuantMatmulConfig]] = {
         "prefill": QuantMatmulConfig("dot", block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=3),
     },
     "int4": {
-        "gemv": QuantMatmulConfig("gemv", block_n=16, block_k=256, num_warps=4, num_stages=3),
+        "gemv": QuantMatmulConfig("gemv", block_n=32, block_k=256, num_warps=4, num_stages=3),
         "small": QuantMatmulConfig("dot", block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=4),
         "large": QuantMatmulConfig("dot", block_m=64, block_n=128, block_k=128, num_warps=4, num_stages=3),
         "prefill": QuantMatmulConfig("dot", block_m=64, block_n=128, block_k=128, num_warps=4, num_stages=3),
@@ -159,8 +162,25 @@ def choose_split_k(m: int, n: int, k: int, num_sms: int, config: QuantMatmulConf
     return max(1, min(wanted, k // config.block_k, MAX_SPLIT_K))
 
 
+def gemv_for_shape(config: QuantMatmulConfig, n: int, num_sms: int) -> QuantMatmulConfig:
+    """``gemv`` with fewer rows of W per program where N gives too few programs to keep memory busy.
+
+    A program streams its rows with ``num_stages - 1`` tiles in flight; an SM needs tens of KB in flight to
+    reach the copy bandwidth, so a launch wants several programs per SM. Qwen3-8B's o_proj and down_proj
+    (N = 4,096) have 256 programs of 16 rows, 2 per SM of an H200: halving ``block_n`` doubles them, with no
+    extra launches (split-K's float32 output must be zeroed and cast: two more kernels per matmul).
+    """
+    block_n = config.block_n
+    while block_n > GEMV_MIN_BLOCK_N and -(-n // block_n) < GEMV_PROGRAMS_PER_SM * num_sms:
+        block_n //= 2
+    return config if block_n == config.block_n else replace(config, block_n=block_n)
+
+
 def choose_launch(method: str, m: int, n: int, k: int, num_sms: int,
                   table: dict[str, dict[str, QuantMatmulConfig]] = LAUNCH_TABLE) -> tuple[QuantMatmulConfig, int]:
-    """``(config, split_k)`` of one launch: the table's entry for ``M``'s regime."""
+    """``(config, split_k)`` of one launch: the table's entry for ``M``'s regime (``gemv``: its ``block_n``
+    fitted to N by ``gemv_for_shape``)."""
     config = table[method][regime(m)]
+    if config.kernel == "gemv":
+        config = gemv_for_shape(config, n, num_sms)
     return config, choose_split_k(m, n, k, num_sms, config)

@@ -7,8 +7,10 @@ the bytes read per step shrink 2x (int8) or ~3.8x (int4) against bf16, the arith
 
 **gemv** (decode at batch 1-4, ``_quantized_gemv_kernel``): one program per ``BLOCK_N`` output rows (and per
 slice of K if N alone gives too few programs: split-K, the slices added with float32 atomics). Each loop step
-loads a ``[BLOCK_N, BLOCK_K]`` tile of weight bytes (contiguous along K, so 16-byte loads), unpacks it, and
-multiply-adds it with the ``M`` rows of ``x`` on the CUDA cores::
+loads a ``[BLOCK_N, BLOCK_K]`` tile of weight bytes (int4: one ``[BLOCK_N, 64]`` tile per 128-input group;
+contiguous along K, so 16-byte loads), unpacks it, and multiply-adds it with each of the ``M`` rows of ``x`` on
+the CUDA cores, every tensor kept in the tile's own two-dimensional layout (no shared-memory shuffles), the
+next tiles' loads in flight meanwhile (``tl.range``'s pipelining)::
 
     int8:  w = float(q)                                   acc[m, n] += sum_k x[m, k] * w[n, k]
     int4:  lo = float(b & 15) - 8, hi = float(b >> 4) - 8  (b: the bytes of one 128-input group, [BLOCK_N, 64])
@@ -52,6 +54,7 @@ ACTIVATION_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 DEQUANT_SCRATCH_BYTES = 64 * 2**20  # the dequant path unpacks at most this many bytes of W at a time
 MAX_SPLIT_K = 64  # slices of K a caller may ask for (the heuristic stays at launch_config.MAX_SPLIT_K)
 MAX_DEFERRED_PER_THREAD = 64  # gemv: float32 partial sums a thread may carry across the loop (DEFER_SUM)
+GEMV_MAX_ROWS = 4  # gemv: rows of x per launch (one accumulator each)
 
 
 @triton.jit
@@ -66,95 +69,156 @@ def _unpack_int4(b, MAGIC: tl.constexpr):
     return lo, hi
 
 
+@triton.jit
+def _int8_to_float(q, MAGIC: tl.constexpr):
+    """int8 -> float32. ``MAGIC``: ``u = q + 128`` (0..255) written into the mantissa of 2^23, minus 2^23 + 128."""
+    if MAGIC:
+        u = (q.to(tl.int32) & 0xFF) ^ 0x80
+        w = (u | 0x4B000000).to(tl.float32, bitcast=True) - (8388608.0 + 128.0)
+    else:
+        w = q.to(tl.float32)
+    return w
+
+
+@triton.jit
+def _load_x(ptrs, mask):
+    """A vector of x as float32; ``mask`` None: whole tiles, no mask (so the loads can be vectors)."""
+    if mask is None:
+        x = tl.load(ptrs)
+    else:
+        x = tl.load(ptrs, mask=mask, other=0.0)
+    return x.to(tl.float32)
+
+
+@triton.jit
+def _fold(acc, products, DEFER_SUM: tl.constexpr):
+    """Add a step's ``[BLOCK_N, width]`` products: elementwise (summed across K once, after the loop) or summed
+    across the step's inputs now."""
+    if DEFER_SUM:
+        acc = acc + products
+    else:
+        acc = acc + tl.sum(products, axis=1)
+    return acc
+
+
+@triton.jit
+def _finish_row(acc, out_row_ptr, cols, col_ok, scale, DEFER_SUM: tl.constexpr, ATOMIC: tl.constexpr,
+                SCALE: tl.constexpr):
+    if DEFER_SUM:
+        acc = tl.sum(acc, axis=1)
+    if SCALE:
+        acc = acc * scale
+    if ATOMIC:  # split-K: every slice adds its part into a zeroed float32 output
+        tl.atomic_add(out_row_ptr + cols, acc, mask=col_ok)
+    else:
+        tl.store(out_row_ptr + cols, acc.to(out_row_ptr.dtype.element_ty), mask=col_ok)
+
+
 @device_kernel
 @triton.jit
 def _quantized_gemv_kernel(
     x_ptr, w_ptr, s_ptr, out_ptr,
-    M, N, K, k_per_split,
+    N, K, k_per_split,
     stride_xm, stride_wn, stride_sn, stride_om,
-    INT4: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    INT4: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP: tl.constexpr, MAGIC: tl.constexpr, ATOMIC: tl.constexpr, EVEN: tl.constexpr, DEFER_SUM: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
 ):
-    """One program: output rows [pid_n * BLOCK_N, +BLOCK_N) for all M rows of x, over its slice of K.
+    """One program: output rows [pid_n * BLOCK_N, +BLOCK_N) for the ``ROWS`` (1-4) rows of x, over its slice of K.
 
-    ``EVEN``: N and every K slice are whole tiles, so the weight loads need no mask (a mask that changes along K
-    would keep them from being 16-byte vector loads). ``DEFER_SUM``: the products accumulate elementwise over the
-    loop and are summed across K once at the end, instead of a cross-thread reduction in every step (when the
-    accumulator fits in a few registers per thread: batch 1)."""
+    Every tensor in the loop is two-dimensional in the layout of the weight tile it loads (``[BLOCK_N, width]``,
+    contiguous along K): x's rows are 1-D vectors broadcast along N, and each row of x has its own accumulator
+    (``acc0`` .. ``acc3``, those past ``ROWS`` never built). A 3-D ``[rows, N, K]`` product would need the tile in
+    another layout, a round trip through shared memory every step. The loop is a ``tl.range`` with
+    ``NUM_STAGES``: Triton pipelines loads that feed no ``tl.dot`` only when asked, so the next tiles' bytes are
+    in flight while one is unpacked. ``EVEN``: N and every K slice are whole tiles, so the loads need no mask.
+    ``DEFER_SUM``: products accumulate elementwise and are summed across K once at the end, instead of a
+    cross-thread reduction in every step."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
-    rows = tl.arange(0, BLOCK_M)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    row_ok = rows < M
     col_ok = cols < N
     k_start = pid_k * k_per_split
     k_end = tl.minimum(k_start + k_per_split, K)
-    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    if INT4:
-        HALF: tl.constexpr = GROUP // 2
-        GROUPS: tl.constexpr = BLOCK_K // GROUP  # groups per loop step
-        g = tl.arange(0, GROUPS)
-        j = tl.arange(0, HALF)
-        if DEFER_SUM:
-            partial = tl.zeros([BLOCK_M, BLOCK_N, GROUPS, HALF], tl.float32)
-        for k0 in range(k_start, k_end, BLOCK_K):
-            byte = k0 // 2 + g[:, None] * HALF + j[None, :]  # [GROUPS, HALF]: contiguous along the row
-            w_ptrs = w_ptr + cols[:, None, None] * stride_wn + byte[None, :, :]
-            s_ptrs = s_ptr + cols[:, None] * stride_sn + (k0 // GROUP + g)[None, :]
-            k_lo = k0 + g[:, None] * GROUP + j[None, :]  # the inputs the low nibbles multiply; high: + HALF
-            if EVEN:
-                b = tl.load(w_ptrs).to(tl.int32)
-                scale = tl.load(s_ptrs)  # [BLOCK_N, GROUPS]
-                x_mask = row_ok[:, None, None]
-            else:
-                group_ok = k0 + g * GROUP < k_end  # K is a multiple of GROUP: whole groups are in or out
-                b = tl.load(w_ptrs, mask=col_ok[:, None, None] & group_ok[None, :, None], other=0).to(tl.int32)
-                scale = tl.load(s_ptrs, mask=col_ok[:, None] & group_ok[None, :], other=0.0)
-                x_mask = row_ok[:, None, None] & group_ok[None, :, None]
-            lo, hi = _unpack_int4(b, MAGIC)  # [BLOCK_N, GROUPS, HALF]
-            x_lo = tl.load(x_ptr + rows[:, None, None] * stride_xm + k_lo[None, :, :], mask=x_mask,
-                           other=0.0).to(tl.float32)  # [BLOCK_M, GROUPS, HALF]
-            x_hi = tl.load(x_ptr + rows[:, None, None] * stride_xm + (k_lo + HALF)[None, :, :], mask=x_mask,
-                           other=0.0).to(tl.float32)
-            products = x_lo[:, None, :, :] * lo[None, :, :, :] + x_hi[:, None, :, :] * hi[None, :, :, :]
-            if DEFER_SUM:
-                partial += products * scale[None, :, :, None]
-            else:
-                acc += tl.sum(tl.sum(products, axis=3) * scale[None, :, :], axis=2)
-        if DEFER_SUM:
-            acc = tl.sum(tl.sum(partial, axis=3), axis=2)
+    WIDTH: tl.constexpr = GROUP // 2 if INT4 else BLOCK_K  # bytes of a weight row one load reads
+    j = tl.arange(0, WIDTH)
+    w_rows = w_ptr + cols[:, None] * stride_wn
+    if DEFER_SUM:
+        acc0 = tl.zeros([BLOCK_N, WIDTH], tl.float32)
     else:
-        ks = tl.arange(0, BLOCK_K)
-        if DEFER_SUM:
-            partial = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], tl.float32)
-        for k0 in range(k_start, k_end, BLOCK_K):
-            w_ptrs = w_ptr + cols[:, None] * stride_wn + (k0 + ks)[None, :]
-            x_ptrs = x_ptr + rows[:, None] * stride_xm + (k0 + ks)[None, :]
+        acc0 = tl.zeros([BLOCK_N], tl.float32)
+    acc1 = acc0
+    acc2 = acc0
+    acc3 = acc0
+    for k0 in tl.range(k_start, k_end, BLOCK_K, num_stages=NUM_STAGES):
+        k0 = tl.multiple_of(k0, BLOCK_K)  # k_per_split is whole steps: 16-byte loads need the compiler to know
+        if INT4:
+            HALF: tl.constexpr = GROUP // 2
+            for t in tl.static_range(BLOCK_K // GROUP):  # one 128-input group (64 bytes per row) at a time
+                kg = k0 + t * GROUP
+                kb = tl.multiple_of(kg // 2, HALF)  # the group's first byte in the row
+                if EVEN:
+                    b = tl.load(w_rows + (kb + j)[None, :]).to(tl.int32)  # [BLOCK_N, 64], bytes 0..255
+                    scale = tl.load(s_ptr + cols * stride_sn + kg // GROUP)  # [BLOCK_N]
+                    x_ok = None
+                else:
+                    x_ok = kg + j < k_end  # K and k_end are whole groups: all true or all false
+                    b = tl.load(w_rows + (kb + j)[None, :], mask=col_ok[:, None] & x_ok[None, :],
+                                other=0).to(tl.int32)
+                    # a group past k_end has x = 0: any finite scale will do, read from a valid address
+                    scale = tl.load(s_ptr + cols * stride_sn + tl.minimum(kg, K - GROUP) // GROUP, mask=col_ok,
+                                    other=0.0)
+                lo, hi = _unpack_int4(b, MAGIC)  # [BLOCK_N, 64]: inputs kg + j and kg + 64 + j
+                if ROWS > 1:  # the scale multiplied in once, for every row of x
+                    lo = lo * scale[:, None]
+                    hi = hi * scale[:, None]
+                x_lo = x_ptr + kg + j
+                xl = _load_x(x_lo, x_ok).to(tl.float32)
+                xh = _load_x(x_lo + HALF, x_ok).to(tl.float32)
+                if ROWS == 1:
+                    acc0 = _fold(acc0, (lo * xl[None, :] + hi * xh[None, :]) * scale[:, None], DEFER_SUM)
+                else:
+                    acc0 = _fold(acc0, lo * xl[None, :] + hi * xh[None, :], DEFER_SUM)
+                if ROWS > 1:
+                    xl = _load_x(x_lo + stride_xm, x_ok).to(tl.float32)
+                    xh = _load_x(x_lo + stride_xm + HALF, x_ok).to(tl.float32)
+                    acc1 = _fold(acc1, lo * xl[None, :] + hi * xh[None, :], DEFER_SUM)
+                if ROWS > 2:
+                    xl = _load_x(x_lo + 2 * stride_xm, x_ok).to(tl.float32)
+                    xh = _load_x(x_lo + 2 * stride_xm + HALF, x_ok).to(tl.float32)
+                    acc2 = _fold(acc2, lo * xl[None, :] + hi * xh[None, :], DEFER_SUM)
+                if ROWS > 3:
+                    xl = _load_x(x_lo + 3 * stride_xm, x_ok).to(tl.float32)
+                    xh = _load_x(x_lo + 3 * stride_xm + HALF, x_ok).to(tl.float32)
+                    acc3 = _fold(acc3, lo * xl[None, :] + hi * xh[None, :], DEFER_SUM)
+        else:
+            ks = k0 + j
             if EVEN:
-                q = tl.load(w_ptrs)  # int8 [BLOCK_N, BLOCK_K]
-                x = tl.load(x_ptrs, mask=row_ok[:, None], other=0.0).to(tl.float32)  # [BLOCK_M, BLOCK_K]
+                q = tl.load(w_rows + ks[None, :])  # int8 [BLOCK_N, BLOCK_K]
+                x_ok = None
             else:
-                k_ok = k0 + ks < k_end
-                q = tl.load(w_ptrs, mask=col_ok[:, None] & k_ok[None, :], other=0)
-                x = tl.load(x_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32)
-            if MAGIC:
-                u = (q.to(tl.int32) & 0xFF) ^ 0x80  # q + 128, in 0..255
-                w = (u | 0x4B000000).to(tl.float32, bitcast=True) - (8388608.0 + 128.0)
-            else:
-                w = q.to(tl.float32)
-            if DEFER_SUM:
-                partial += x[:, None, :] * w[None, :, :]
-            else:
-                acc += tl.sum(x[:, None, :] * w[None, :, :], axis=2)
-        if DEFER_SUM:
-            acc = tl.sum(partial, axis=2)
-        acc = acc * tl.load(s_ptr + cols, mask=col_ok, other=0.0)[None, :]
-    out = out_ptr + rows[:, None] * stride_om + cols[None, :]
-    mask = row_ok[:, None] & col_ok[None, :]
-    if ATOMIC:  # split-K: every slice adds its part into a zeroed float32 output
-        tl.atomic_add(out, acc, mask=mask)
-    else:
-        tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=mask)
+                x_ok = ks < k_end
+                q = tl.load(w_rows + ks[None, :], mask=col_ok[:, None] & x_ok[None, :], other=0)
+            w = _int8_to_float(q, MAGIC)
+            x_row = x_ptr + ks
+            acc0 = _fold(acc0, w * _load_x(x_row, x_ok).to(tl.float32)[None, :], DEFER_SUM)
+            if ROWS > 1:
+                x = _load_x(x_row + stride_xm, x_ok).to(tl.float32)
+                acc1 = _fold(acc1, w * x[None, :], DEFER_SUM)
+            if ROWS > 2:
+                x = _load_x(x_row + 2 * stride_xm, x_ok).to(tl.float32)
+                acc2 = _fold(acc2, w * x[None, :], DEFER_SUM)
+            if ROWS > 3:
+                x = _load_x(x_row + 3 * stride_xm, x_ok).to(tl.float32)
+                acc3 = _fold(acc3, w * x[None, :], DEFER_SUM)
+    row_scale = 1.0 if INT4 else tl.load(s_ptr + cols, mask=col_ok, other=0.0)  # int8: one scale per row of W
+    _finish_row(acc0, out_ptr, cols, col_ok, row_scale, DEFER_SUM, ATOMIC, not INT4)
+    if ROWS > 1:
+        _finish_row(acc1, out_ptr + stride_om, cols, col_ok, row_scale, DEFER_SUM, ATOMIC, not INT4)
+    if ROWS > 2:
+        _finish_row(acc2, out_ptr + 2 * stride_om, cols, col_ok, row_scale, DEFER_SUM, ATOMIC, not INT4)
+    if ROWS > 3:
+        _finish_row(acc3, out_ptr + 3 * stride_om, cols, col_ok, row_scale, DEFER_SUM, ATOMIC, not INT4)
 
 
 @device_kernel
@@ -190,8 +254,9 @@ def _quantized_dot_kernel(
         for k0 in range(0, K, BLOCK_K):
             for t in tl.static_range(BLOCK_K // GROUP):  # K is a multiple of GROUP, BLOCK_K of GROUP
                 kg = k0 + t * GROUP
+                kb = tl.multiple_of(kg // 2, HALF)  # the group's first byte in the row
                 group_ok = (kg + j) < K  # [HALF]: all true or all false (whole groups)
-                b = tl.load(w_ptr + cols[:, None] * stride_wn + (kg // 2 + j)[None, :],
+                b = tl.load(w_ptr + cols[:, None] * stride_wn + (kb + j)[None, :],
                             mask=col_ok[:, None] & group_ok[None, :], other=0).to(tl.int32)  # [BLOCK_N, HALF]
                 # a group past K (the last step of a K that BLOCK_K does not divide) has x = 0: any finite scale
                 # will do, read from a valid address
@@ -199,8 +264,9 @@ def _quantized_dot_kernel(
                                 other=0.0)[:, None]
                 # the group's scale goes into the unpacked tile (one rounding to the dot's dtype), so the dots
                 # accumulate straight into acc: no second [BLOCK_M, BLOCK_N] accumulator to hold in registers
-                lo = (((b & 0xF) - 8).to(tl.float32) * scale).to(compute_dtype)
-                hi = (((b >> 4) - 8).to(tl.float32) * scale).to(compute_dtype)
+                lo, hi = _unpack_int4(b, True)  # no int-to-float conversions (quarter rate): see the gemv
+                lo = (lo * scale).to(compute_dtype)
+                hi = (hi * scale).to(compute_dtype)
                 x_mask = row_ok[:, None] & group_ok[None, :]
                 x_lo = tl.load(x_ptr + rows[:, None] * stride_xm + (kg + j)[None, :], mask=x_mask,
                                other=0.0).to(compute_dtype)
@@ -224,10 +290,11 @@ def _quantized_dot_kernel(
                 k_ok = k0 + ks < K
                 q = tl.load(w_ptrs, mask=col_ok[:, None] & k_ok[None, :], other=0)
                 x = tl.load(x_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0).to(compute_dtype)
+            w = _int8_to_float(q, True).to(compute_dtype)  # -127..127: exact in bf16
             if IEEE:
-                acc = tl.dot(x, tl.trans(q.to(compute_dtype)), acc, input_precision="ieee")
+                acc = tl.dot(x, tl.trans(w), acc, input_precision="ieee")
             else:
-                acc = tl.dot(x, tl.trans(q.to(compute_dtype)), acc)
+                acc = tl.dot(x, tl.trans(w), acc)
         acc = acc * tl.load(s_ptr + cols, mask=col_ok, other=0.0)[None, :]
     out = out_ptr + rows[:, None] * stride_om + cols[None, :]
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
@@ -345,20 +412,23 @@ def quantized_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tenso
 def _gemv(x, qweight, scales, m, n, k, int4, config, split_k) -> torch.Tensor:
     if not 1 <= split_k <= MAX_SPLIT_K:
         raise ValueError(f"split_k must be in [1, {MAX_SPLIT_K}], got {split_k}")
-    block_m = triton.next_power_of_2(m)
+    if m > GEMV_MAX_ROWS:  # the kernel holds one accumulator per row of x: a few rows per launch
+        return torch.cat([_gemv(x[i:i + GEMV_MAX_ROWS], qweight, scales, min(GEMV_MAX_ROWS, m - i), n, k, int4,
+                                config, split_k) for i in range(0, m, GEMV_MAX_ROWS)])
     k_per_split = -(-k // (split_k * config.block_k)) * config.block_k
     split_k = -(-k // k_per_split)  # slices that hold at least one step of K
     atomic = split_k > 1
     out = torch.zeros((m, n), dtype=torch.float32, device=x.device) if atomic else x.new_empty((m, n))
     even = n % config.block_n == 0 and k % config.block_k == 0 and k_per_split % config.block_k == 0
-    per_thread = block_m * config.block_n * config.block_k // (32 * config.num_warps)  # a deferred sum's registers
+    width = GROUP_SIZE // 2 if int4 else config.block_k  # bytes of a weight row per load
+    per_thread = m * config.block_n * width // (32 * config.num_warps)  # the deferred sums' registers
     _quantized_gemv_kernel[(triton.cdiv(n, config.block_n), split_k)](
-        x, qweight, scales, out, m, n, k, k_per_split,
+        x, qweight, scales, out, n, k, k_per_split,
         x.stride(0), qweight.stride(0), scales.stride(0), out.stride(0),
-        INT4=int4, BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP=GROUP_SIZE,
+        INT4=int4, ROWS=m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP=GROUP_SIZE,
         MAGIC=config.magic, ATOMIC=atomic, EVEN=even,
         DEFER_SUM=config.defer_sum and per_thread <= MAX_DEFERRED_PER_THREAD,
-        num_warps=config.num_warps, num_stages=config.num_stages,
+        NUM_STAGES=config.num_stages, num_warps=config.num_warps,
     )
     return out.to(x.dtype) if atomic else out
 
