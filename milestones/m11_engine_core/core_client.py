@@ -11,8 +11,9 @@ to free — and it offers no way to wait on it inside an asyncio event loop. A Z
 on (``zmq.asyncio``). The messages are msgpack bytes made by ``msgspec`` (``messages.py``): typed, checked on
 decoding, and an order of magnitude cheaper than pickle. vLLM's V1 front end and engine core talk the same way.
 
-``ipc://`` sockets are files in a private temporary folder: nothing listens on a network port, and the folder is
-removed when the core stops. The core is a ``spawn``ed process (a fresh interpreter: a fork would copy this
+The sockets are ``ipc://`` (Unix domain) sockets: nothing listens on a network port. On Linux they live in the
+abstract namespace (``ipc://@name``): no file on disk that a crash could leave behind, or a clean-up of ``/tmp`` could
+remove under a live server; elsewhere they are files in a private temporary folder, removed when the core stops. The core is a ``spawn``ed process (a fresh interpreter: a fork would copy this
 process's threads and any CUDA state), started with the engine's class and config; it answers ``CoreReady``
 with the limits the front end validates against, or ``CoreFailed`` with one line to show the user.
 """
@@ -20,7 +21,10 @@ with the limits the front end validates against, or ``CoreFailed`` with one line
 from __future__ import annotations
 
 import multiprocessing
+import os
+import secrets
 import shutil
+import sys
 import tempfile
 import time
 import weakref
@@ -39,14 +43,13 @@ class EngineCoreProcess:
     """Starts the engine core (blocking until it is ready) and owns the process and the two sockets."""
 
     def __init__(self, engine_class, config, startup_timeout_s: float = 3600.0) -> None:
-        self.folder = tempfile.mkdtemp(prefix="nanoserve-core-")
+        self.folder, input_address, output_address = socket_addresses()
         self.context = zmq.Context()
         self.input = self.context.socket(zmq.PUSH)
         self.input.setsockopt(zmq.SNDHWM, 0)
         self.input.setsockopt(zmq.LINGER, 0)
         self.output = self.context.socket(zmq.PULL)
         self.output.setsockopt(zmq.LINGER, 0)
-        input_address, output_address = f"ipc://{self.folder}/input", f"ipc://{self.folder}/output"
         self.input.bind(input_address)
         self.output.bind(output_address)
         spawn = multiprocessing.get_context("spawn")
@@ -100,7 +103,16 @@ class EngineCoreProcess:
             _stop(self.process, self.context, self.folder, timeout_s)
 
 
-def _stop(process: multiprocessing.Process, context: zmq.Context, folder: str, timeout_s: float) -> None:
+def socket_addresses() -> tuple[str | None, str, str]:
+    """(a folder to remove afterwards or None, the input address, the output address)."""
+    if sys.platform.startswith("linux"):
+        name = f"nanoserve-core-{os.getpid()}-{secrets.token_hex(6)}"
+        return None, f"ipc://@{name}-input", f"ipc://@{name}-output"
+    folder = tempfile.mkdtemp(prefix="nanoserve-core-")
+    return folder, f"ipc://{folder}/input", f"ipc://{folder}/output"
+
+
+def _stop(process: multiprocessing.Process, context: zmq.Context, folder: str | None, timeout_s: float) -> None:
     process.join(timeout_s)
     if process.is_alive():
         process.terminate()  # SIGTERM: the core exits at once
@@ -109,4 +121,5 @@ def _stop(process: multiprocessing.Process, context: zmq.Context, folder: str, t
         process.kill()
         process.join()
     context.destroy(linger=0)
-    shutil.rmtree(folder, ignore_errors=True)
+    if folder is not None:
+        shutil.rmtree(folder, ignore_errors=True)
