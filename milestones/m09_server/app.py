@@ -1,4 +1,4 @@
-"""The FastAPI application: routes, error bodies, and the engine loop's start and stop.
+"""The FastAPI application: routes, the doors and error bodies, and the engine loop's start and stop.
 
 ``build_app(engine)`` serves *any* engine with the step API, so a later milestone serves its faster engine
 by passing it here; nothing in the server names a milestone. The routes talk to an ``EngineClient``: given an
@@ -9,9 +9,8 @@ Routes: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/model
 ``GET /metrics``. Every error is an OpenAI-style body ``{"error": {"message", "type", "param", "code"}}``:
 400 for a request the server cannot take (bad JSON, a wrong type, a value out of range, a prompt too long),
 401 without the API key (``/v1/*``, when the server has one), 404 for an unknown model or route, 408 for a body
-that never arrives, 413 for a body over the limit, 500 when the engine failed, 503 while shutting down. The
-401, 408 and 413 come from ``milestones/common/http_guards.py`` before the app reads a byte of the body; the
-rest from the handlers of ``milestones/common/openai_errors.py``.
+that never arrives, 413 for one too large, 500 when the engine failed, 503 while shutting down. The 401, 408 and
+413 come before the body is read (``common/http_guards.py``), the rest from ``common/openai_errors.py``.
 """
 
 from __future__ import annotations

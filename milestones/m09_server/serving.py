@@ -17,9 +17,9 @@ possible stop string. The first chunk's latency is the time to first token, queu
 event loop falls behind the engine (several steps' outputs waiting for one request), they go out as one
 chunk carrying several tokens, as vLLM does: under load the server catches up instead of slowing the engine.
 
-Tokenizing is the one step whose cost a client chooses (a 30 MB prompt takes a CPU-minute), so it runs in a
-pool of tokenizer threads, as in vLLM: a long prompt delays only its own request (the Rust tokenizer releases
-the GIL). A prompt whose length in characters already rules it out is refused before it is tokenized.
+Tokenizing is the step whose cost a client chooses (tens of seconds for a 30 MB prompt), so it runs in a pool of
+tokenizer threads, as in vLLM (the Rust tokenizer runs without Python's GIL): a long prompt delays only itself.
+A prompt whose length in characters already rules it out is refused before it is tokenized.
 """
 
 from __future__ import annotations
@@ -167,12 +167,10 @@ def sse(payload: dict) -> str:
 
 
 def chars_per_token_bound(tokenizer) -> int | None:
-    """The most characters of a prompt one token can stand for (None: a tokenizer without a vocabulary to read).
+    """Most prompt characters one token stands for: 4x the longest vocabulary entry (None: no vocabulary to read).
 
-    A byte-level vocabulary writes one character per byte, so its longest entry (128 for Qwen3: a run of
-    spaces) is the most bytes, hence characters, of normalized text one token covers; NFC normalization
-    composes at most 4 characters into one (U+1F82 is 4 before it). So a prompt of n characters is at least
-    n / (4 x 128) tokens: generous, and never wrong.
+    A byte-level entry holds one character per byte, so the longest (Qwen3's: 128 spaces) bounds the normalized
+    characters one token covers, and NFC composes at most 4 characters into one: generous, never too small.
     """
     get_vocab = getattr(tokenizer, "get_vocab", None)
     return 4 * max(map(len, get_vocab())) if callable(get_vocab) else None
