@@ -259,7 +259,7 @@ def recorded_tokenizer(engine, monkeypatch):
 def test_a_prompt_too_long_in_characters_is_refused_untokenized(server, recorded_tokenizer):
     calls, _, _ = recorded_tokenizer
     for path, body, param in [("/v1/completions", {"prompt": "a" * (MAX_MODEL_LEN * 512)}, "prompt"),
-                              ("/v1/chat/completions", {"messages": [{"role": "user", "content": "a" * 3 * MiB}]},
+                              ("/v1/chat/completions", {"messages": [{"role": "user", "content": "a" * 200_000}]},
                                "messages")]:
         response = post(server, body, path)
         assert_openai_error(response, 400, param)

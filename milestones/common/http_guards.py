@@ -35,7 +35,9 @@ from .openai_errors import APIError
 if TYPE_CHECKING:  # nothing from starlette at import time: the CLI imports this module before any server exists
     from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-DEFAULT_MAX_REQUEST_BODY_MB = 4.0  # MiB: ~10x the largest JSON a 40,960-token Qwen3 prompt needs (see m09's page)
+# MiB. A full 40,960-token Qwen3 prompt is at most ~0.5 MiB of JSON (ids, or escaped CJK text); the longest text
+# prompt this lets through takes a tokenizer thread ~2 s, and the event loop under 0.1 s (see m09's page).
+DEFAULT_MAX_REQUEST_BODY_MB = 2.0
 DEFAULT_REQUEST_BODY_TIMEOUT_S = 30.0  # from the headers to the body's last byte
 DEFAULT_TIMEOUT_KEEP_ALIVE_S = 5.0  # uvicorn's default; here it also closes connections that never send a request
 
