@@ -34,6 +34,8 @@ import threading
 import time
 from pathlib import Path
 
+import torch
+
 from milestones.common.http_guards import DEFAULT_MAX_REQUEST_BODY_MB
 
 MODEL = "tiny"
@@ -192,6 +194,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
 
     from .env import environment
 
+    torch.set_num_threads(1)  # the tiny model gains nothing from more, and a busy machine's OpenMP stalls add noise
     engine = LLMEngine(EngineConfig(model=MODEL, device="cpu", max_model_len=args.max_model_len))
     app = LoopLag(build_app(engine, served_model_name=MODEL))
     names = {"Content-Length": "30 MB body, Content-Length", "chunked": "30 MB body, chunked",
