@@ -36,7 +36,7 @@ if TYPE_CHECKING:  # nothing from starlette at import time: the CLI imports this
     from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 # MiB. A full 40,960-token Qwen3 prompt is at most ~0.5 MiB of JSON (ids, or escaped CJK text); the longest text
-# prompt this lets through takes a tokenizer thread ~2 s, and the event loop under 0.1 s (see m09's page).
+# prompt this lets through takes a tokenizer thread seconds, and the event loop about 0.1 s (m09's page).
 DEFAULT_MAX_REQUEST_BODY_MB = 2.0
 DEFAULT_REQUEST_BODY_TIMEOUT_S = 30.0  # from the headers to the body's last byte
 DEFAULT_TIMEOUT_KEEP_ALIVE_S = 5.0  # uvicorn's default; here it also closes connections that never send a request
