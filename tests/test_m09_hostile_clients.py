@@ -236,13 +236,14 @@ def test_max_tokens_of_ten_to_the_twelve_is_a_clean_400(server, path, body):
 
 @pytest.fixture
 def recorded_tokenizer(engine, monkeypatch):
-    """Records the thread of every tokenizer call; ``hold`` (set by the test) makes a call wait until released."""
+    """Records the thread of every tokenizer call; ``hold`` (set by the test) makes a call in a tokenizer thread
+    wait until released (one on the event loop is not held: it would stall the test, not fail it)."""
     calls, hold, release = [], threading.Event(), threading.Event()
     real_encode, real_template = engine.tokenizer.encode, engine.tokenizer.apply_chat_template
 
     def encode(text, *args, **kwargs):
         calls.append(("encode", threading.current_thread().name, len(text)))
-        if hold.is_set():
+        if hold.is_set() and threading.current_thread().name.startswith(TOKENIZER_THREADS):  # never the event loop
             release.wait(timeout=TIMEOUT_S)
         return real_encode(text, *args, **kwargs)
 
