@@ -143,6 +143,19 @@ MUTATIONS = (
         ("tests/test_m09_server.py::test_usage_counts_the_whole_prompt_after_a_prefix_cache_hit",),
     ),
     Mutation(
+        "tokenize-on-the-loop", "the server tokenizes a completion's prompt on the event loop, where every other "
+        "request waits for it", "milestones/m09_server/serving.py",
+        (("ids = await self.off_loop(self.tokenize, body.prompt) if", "ids = self.tokenize(body.prompt) if"),),
+        ("tests/test_m09_hostile_clients.py::test_a_prompt_being_tokenized_delays_only_itself",),
+    ),
+    Mutation(
+        "body-limit-unenforced", "the body limit counts nothing: a 30 MB body reaches FastAPI's JSON parser",
+        "milestones/common/http_guards.py",
+        (("if length is not None and length.isdigit() and int(length) > self.max_bytes:", "if False:"),
+         ("            if size > self.max_bytes:\n", "            if False:\n")),
+        ("tests/test_m09_hostile_clients.py::test_a_30_mb_body_gets_413_while_health_and_a_stream_go_on",),
+    ),
+    Mutation(
         "graph-ladder-ignores-cap", "m10 captures graphs up to max_num_seqs even when max_cuda_graph_batch_size "
         "is smaller", "milestones/m10_cuda_graphs/engine.py",
         (("max_batch = self.config.max_cuda_graph_batch_size or self.config.max_num_seqs",

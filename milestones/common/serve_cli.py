@@ -5,6 +5,10 @@ field the engine does not have (``--block-size`` before paged blocks exist) is a
 not given keep the engine's defaults (``--help`` shows them). The engine class comes from the package named by
 ``milestone``, and the app from the ``build_app`` the caller passes in (m09's), so a later milestone serves its
 own engine with ``serve(argv, "milestones.m10_...", build_app)``.
+
+The server's doors (``http_guards.py``) have flags too: ``--api-key`` (vLLM's; also read from ``VLLM_API_KEY``
+as vLLM does, so the key need not appear in ``ps``), ``--max-request-body-mb``, ``--request-body-timeout-s`` and
+``--timeout-keep-alive`` (uvicorn's), which nanoserve adds; vLLM has no body limit of its own.
 """
 
 from __future__ import annotations
@@ -13,9 +17,14 @@ import argparse
 import dataclasses
 import importlib
 import json
+import os
 from collections.abc import Callable
 
-from .demo import HelpFormatter, byte_size
+from .demo import HelpFormatter, byte_size, positive_float
+from .http_guards import (DEFAULT_MAX_REQUEST_BODY_MB, DEFAULT_REQUEST_BODY_TIMEOUT_S, DEFAULT_TIMEOUT_KEEP_ALIVE_S,
+                          ServerGuards)
+
+API_KEY_ENV = "VLLM_API_KEY"
 
 # (flag, EngineConfig field, type, help, what the engine does when the field is None)
 ENGINE_FLAGS: tuple[tuple[str, str, object, str, str], ...] = (
@@ -122,7 +131,25 @@ def serve_parser(prog: str, config_cls=None) -> argparse.ArgumentParser:
                         help="on Ctrl-C, how long requests in flight may take to finish before they are aborted")
     server.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
                         help="uvicorn's log level")
+    doors = parser.add_argument_group("doors (what a server shared with a room refuses)")
+    doors.add_argument("--api-key", nargs="+", default=None, metavar="KEY",
+                       help=f"require 'Authorization: Bearer KEY' on /v1/* (/health and /metrics stay open) "
+                            f"(default: ${API_KEY_ENV} if set, else no key)")
+    doors.add_argument("--max-request-body-mb", type=positive_float, default=DEFAULT_MAX_REQUEST_BODY_MB,
+                       help="larger request bodies get 413 before they are parsed (MiB)")
+    doors.add_argument("--request-body-timeout-s", type=positive_float, default=DEFAULT_REQUEST_BODY_TIMEOUT_S,
+                       help="a body not all there this long after its headers gets 408")
+    doors.add_argument("--timeout-keep-alive", type=positive_float, default=DEFAULT_TIMEOUT_KEEP_ALIVE_S,
+                       help="close a connection idle this long (s), including one that never sent a request")
     return parser
+
+
+def server_guards(args: argparse.Namespace, environ=os.environ) -> ServerGuards:
+    """The doors' settings from the flags; the keys from ``--api-key``, else from ``$VLLM_API_KEY``."""
+    keys = args.api_key if args.api_key is not None else [environ.get(API_KEY_ENV, "")]
+    return ServerGuards(api_keys=tuple(key for key in keys if key),
+                        max_request_body_bytes=int(args.max_request_body_mb * 2**20),
+                        request_body_timeout_s=args.request_body_timeout_s)
 
 
 def serve(argv: list[str] | None, milestone: str, build_app: Callable) -> None:
@@ -130,21 +157,31 @@ def serve(argv: list[str] | None, milestone: str, build_app: Callable) -> None:
     Ctrl-C."""
     import uvicorn
 
+    from .server_thread import IdleConnectionTimeout
+
     parser = serve_parser(f"python -m {milestone} serve", importlib.import_module(milestone).EngineConfig)
     args = parser.parse_args(argv)
     if args.model_tag is not None:
         args.model = args.model_tag
+    guards = server_guards(args)
     client = build_engine_client(milestone, args, parser)
-    app = build_app(client, args.served_model_name, shutdown_grace_s=0.0)
+    app = build_app(client, args.served_model_name, shutdown_grace_s=0.0, guards=guards)
     name = (args.served_model_name or [args.model])[0]
     for line in client.describe():
         print(line, flush=True)
-    print(f"serving {client.milestone} ({args.model!r}) as {name!r} at "
-          f"http://{args.host}:{args.port}\ntry:\n{curl_example(f'http://{args.host}:{args.port}', name)}", flush=True)
+    url = f"http://{args.host}:{args.port}"
+    print(f"serving {client.milestone} ({args.model!r}) as {name!r} at {url}", flush=True)
+    if guards.api_keys:
+        print(f"an API key is required on /v1/* ({'--api-key' if args.api_key else '$' + API_KEY_ENV})", flush=True)
+    elif args.host not in ("127.0.0.1", "localhost", "::1"):
+        print(f"warning: no API key, and {args.host} is reachable from other machines: pass --api-key", flush=True)
+    print(f"try:\n{curl_example(url, name, with_key=bool(guards.api_keys))}", flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
-                timeout_graceful_shutdown=args.graceful_shutdown_s)
+                timeout_graceful_shutdown=args.graceful_shutdown_s, http=IdleConnectionTimeout,
+                timeout_keep_alive=args.timeout_keep_alive)
 
 
-def curl_example(url: str, model: str) -> str:
+def curl_example(url: str, model: str, with_key: bool = False) -> str:
     body = {"model": model, "messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 16, "stream": True}
-    return f"curl -N {url}/v1/chat/completions -H 'Content-Type: application/json' -d '{json.dumps(body)}'"
+    key = " -H 'Authorization: Bearer <your key>'" if with_key else ""
+    return f"curl -N {url}/v1/chat/completions -H 'Content-Type: application/json'{key} -d '{json.dumps(body)}'"

@@ -9,6 +9,9 @@ can start, drive and stop from Python::
 Stopping is graceful: uvicorn stops accepting connections, waits up to ``graceful_shutdown_s`` for the
 requests in flight to finish, cancels the rest (whose handlers abort them in the engine, freeing their
 K/V), then runs the app's shutdown, which stops the engine thread.
+
+Both this thread and ``serve`` run uvicorn with ``IdleConnectionTimeout``: a connection that sends nothing for
+``timeout_keep_alive`` seconds is closed, whether it has served requests before or never sent a byte.
 """
 
 from __future__ import annotations
@@ -18,18 +21,40 @@ import threading
 import time
 
 import uvicorn
+from uvicorn.protocols.http.auto import AutoHTTPProtocol
+
+from .http_guards import DEFAULT_TIMEOUT_KEEP_ALIVE_S
+
+
+class IdleConnectionTimeout(AutoHTTPProtocol):
+    """uvicorn's HTTP protocol, with its keep-alive timer armed when a connection opens, not only between requests.
+
+    uvicorn closes a kept-alive connection idle for ``timeout_keep_alive`` seconds but waits forever on one that
+    never sends its first byte: 200 sockets opened and left idle would hold 200 file descriptors for good. The
+    first byte received cancels the timer (uvicorn's own ``data_received`` does), as on a kept-alive connection.
+    A client that trickles a request's head byte by byte is not covered (uvicorn caps a head at 16 KiB): a
+    server on the open internet belongs behind a reverse proxy.
+    """
+
+    def connection_made(self, transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive, self.timeout_keep_alive_handler)
 
 
 class ServerThread:
     def __init__(self, app, host: str = "127.0.0.1", port: int = 0, graceful_shutdown_s: float = 5.0,
-                 log_level: str = "warning") -> None:
+                 log_level: str = "warning", timeout_keep_alive: float = DEFAULT_TIMEOUT_KEEP_ALIVE_S) -> None:
         self.app = app
-        self.socket = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+        # IPPROTO_TCP, not the default 0: asyncio sets TCP_NODELAY only on connections whose socket says TCP.
+        # Without it, Nagle's algorithm holds a response's second write (an SSE chunk after the headers) until the
+        # client's delayed ACK, ~40 ms on Linux: every /health and every first token ~40 ms late.
+        self.socket = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM,
+                                    socket.IPPROTO_TCP)
         self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.socket.bind((host, port))  # port 0: the OS picks a free one, and we know it before serving
         self.host, self.port = host, self.socket.getsockname()[1]
         config = uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=graceful_shutdown_s,
-                                lifespan="on")
+                                lifespan="on", http=IdleConnectionTimeout, timeout_keep_alive=timeout_keep_alive)
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.socket]},
                                        name="uvicorn", daemon=True)

@@ -42,13 +42,14 @@ async def stream_completion(client, model: str, prompt: list[int] | str, max_tok
 
 
 async def stream_all(url: str, model: str, prompts: list, max_tokens: int, rate: float = math.inf,
-                     seed: int = 0) -> tuple[list[Stream], float]:
+                     seed: int = 0, api_key: str = "none") -> tuple[list[Stream], float]:
     """Every prompt as its own stream, all at once or with Poisson arrivals at ``rate`` per second; returns the
-    streams in prompt order and the wall time from the first send to the last token."""
+    streams in prompt order and the wall time from the first send to the last token. ``api_key``: the server's
+    ``--api-key`` (the client sends ``Authorization: Bearer <api_key>``; a server without one ignores it)."""
     import openai
 
     rng = random.Random(seed)
-    async with openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0) as client:
+    async with openai.AsyncOpenAI(base_url=f"{url}/v1", api_key=api_key, max_retries=0) as client:
         start, tasks = time.perf_counter(), []
         for prompt in prompts:
             tasks.append(asyncio.create_task(stream_completion(client, model, prompt, max_tokens)))

@@ -15,6 +15,7 @@ import asyncio
 import dataclasses
 import importlib
 import math
+import secrets
 import sys
 
 from milestones.common.demo import (Case, check_cases, demo_parser, engine_config, exit_on_bad_input, measure,
@@ -37,6 +38,9 @@ def main(argv: list[str] | None = None, milestone: str = "milestones.m09_server"
 
 
 def demo(argv: list[str], milestone: str, build_app) -> list[dict]:
+    import httpx
+
+    from milestones.common.http_guards import ServerGuards
     from milestones.common.server_thread import ServerThread
 
     parser = demo_parser("The engine offline, then behind its OpenAI-compatible server with concurrent streaming "
@@ -68,10 +72,14 @@ def demo(argv: list[str], milestone: str, build_app) -> list[dict]:
     (offline,) = measure([case], args.repeats)
     for run in offline["_runs"]:  # each round's latency percentiles, then their medians, as measure does
         run.update(percentile_columns(request_latencies(run["_outputs"])))
-    with ServerThread(build_app(engine, served_model_name="demo")) as server:
-        print(f"serving on {server.url}")
-        asyncio.run(stream_all(server.url, "demo", prompts[:1], 2))  # warm-up
-        streams, wall = asyncio.run(stream_all(server.url, "demo", prompts, args.max_tokens, args.rate, args.seed))
+    key = secrets.token_urlsafe(12)  # the server asks for one, as a server shared with a room should (--api-key)
+    with ServerThread(build_app(engine, served_model_name="demo", guards=ServerGuards(api_keys=(key,)))) as server:
+        refused = httpx.get(f"{server.url}/v1/models").status_code
+        print(f"serving on {server.url}; /v1 asks for an API key: the clients pass it (OpenAI(api_key=...)), a "
+              f"request without it gets {refused}")
+        asyncio.run(stream_all(server.url, "demo", prompts[:1], 2, api_key=key))  # warm-up
+        streams, wall = asyncio.run(stream_all(server.url, "demo", prompts, args.max_tokens, args.rate, args.seed,
+                                               api_key=key))
     rows = [merge_rounds(offline["_runs"]), table_row(f"server, {args.num_requests} streams", streams, wall)]
     rate = "all at once" if math.isinf(args.rate) else f"Poisson arrivals at {args.rate:g}/s"
     print_table(rows, f"{args.num_requests} requests of {args.prompt_len} prompt tokens, {args.max_tokens} output "
@@ -81,6 +89,7 @@ def demo(argv: list[str], milestone: str, build_app) -> list[dict]:
     print(f"server text identical to offline generate (greedy): {'yes' if same else 'NO'}")
     print(f"\nStart a server yourself:  python -m {milestone} serve --model {args.model} --port 8000")
     print(f"then:  {curl_example('http://127.0.0.1:8000', args.model)}")
+    print("(shared with a room, --host 0.0.0.0: add --api-key KEY, or set VLLM_API_KEY, and send the key)")
     return rows
 
 

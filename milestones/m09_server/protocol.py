@@ -16,7 +16,12 @@ Responses are plain dicts built by ``serving.py``; their shapes are documented h
 * ``usage``: ``{"prompt_tokens", "completion_tokens", "total_tokens",
   "prompt_tokens_details": {"cached_tokens"}}`` (cached: prompt tokens served by the prefix cache, m06 on).
 * with ``"return_token_ids": true`` (vLLM's extension) each choice also lists its generated ``token_ids``.
-* an error: ``{"error": {"message", "type", "param", "code"}}``.
+* an error: ``{"error": {"message", "type", "param", "code"}}`` (``milestones/common/openai_errors.py``).
+
+A request's size is bounded before it costs anything per token: at most ``MAX_STOP_STRINGS`` stop strings of
+``MAX_STOP_STRING_CHARS`` characters (the detokenizer searches each after every token, on the event loop that
+every stream shares; OpenAI's API allows 4), ``MAX_STOP_TOKEN_IDS`` stop token ids, and lists fail at their first
+bad item (``fail_fast``: a million bad token ids are one error, not a million).
 """
 
 from __future__ import annotations
@@ -27,7 +32,8 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 
 from milestones.m01_naive_loop.sampling_params import SamplingParams
 
-TokenIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
+TokenIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1, fail_fast=True)]
+MAX_STOP_STRINGS, MAX_STOP_STRING_CHARS, MAX_STOP_TOKEN_IDS = 16, 128, 1024
 
 
 class StreamOptions(BaseModel):
@@ -43,7 +49,7 @@ class SamplingRequest(BaseModel):
     top_k: int = Field(-1, ge=-1)  # -1 or 0: off (vLLM's extension)
     seed: int | None = Field(None, ge=0, lt=2**63)
     stop: str | list[str] | None = Field(None, validate_default=True)  # becomes a list of strings
-    stop_token_ids: list[Annotated[int, Field(ge=0)]] = Field(default_factory=list)
+    stop_token_ids: list[Annotated[int, Field(ge=0)]] = Field(default_factory=list, fail_fast=True)
     ignore_eos: bool = False
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -58,12 +64,21 @@ class SamplingRequest(BaseModel):
             raise ValueError(f"only n=1 is supported (got {n}): send one request per completion")
         return n
 
+    @field_validator("stop", "stop_token_ids", mode="before")
+    @classmethod
+    def not_too_many(cls, value: object, info) -> object:
+        """Counted before any item is looked at: a list of 10,000 is refused, not validated."""
+        most = {"stop": MAX_STOP_STRINGS, "stop_token_ids": MAX_STOP_TOKEN_IDS}[info.field_name]
+        if isinstance(value, list) and len(value) > most:
+            raise ValueError(f"at most {most} are allowed (got {len(value):,})")
+        return value
+
     @field_validator("stop")
     @classmethod
     def non_empty_stop_strings(cls, stop: str | list[str] | None) -> list[str]:
         stops = [stop] if isinstance(stop, str) else list(stop or [])
-        if any(not s for s in stops):
-            raise ValueError("stop strings must be non-empty")
+        if any(not s or len(s) > MAX_STOP_STRING_CHARS for s in stops):
+            raise ValueError(f"stop strings must be 1 to {MAX_STOP_STRING_CHARS} characters long")
         return stops
 
     @property
@@ -97,7 +112,7 @@ class CompletionRequest(SamplingRequest):
 
 class ChatMessage(BaseModel):
     role: Literal["system", "user", "assistant", "tool", "developer"]
-    content: str | list[TextPart]
+    content: str | Annotated[list[TextPart], Field(fail_fast=True)]
 
     @property
     def text(self) -> str:
@@ -115,7 +130,7 @@ ChatMessage.model_rebuild()
 class ChatCompletionRequest(SamplingRequest):
     """``POST /v1/chat/completions``: messages rendered to a prompt by the tokenizer's chat template."""
 
-    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    messages: Annotated[list[ChatMessage], Field(min_length=1, fail_fast=True)]
     max_tokens: int | None = Field(None, ge=1)  # None: whatever room the context leaves
     max_completion_tokens: int | None = Field(None, ge=1)  # OpenAI's newer name for max_tokens
     add_generation_prompt: bool = True
@@ -143,7 +158,3 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dic
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens,
             "prompt_tokens_details": {"cached_tokens": cached_tokens}}
-
-
-def error_body(message: str, type_: str, param: str | None = None, code: str | int | None = None) -> dict:
-    return {"error": {"message": message, "type": type_, "param": param, "code": code}}

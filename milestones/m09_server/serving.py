@@ -2,7 +2,7 @@
 
     handler (event loop)                                            engine thread
     ---------------------------------------------------------------------------------
-    check model, tokenize (chat: apply the chat template first)
+    check model; tokenize in a tokenizer thread (chat: the chat template first)
     check the context length, build SamplingParams
     stream = await async_engine.add_request(ids, params)   ----->   engine.add_request
     for each RequestOutput from stream                      <-----   engine.step() ...
@@ -16,6 +16,10 @@ every token; a chunk's text may be empty while the detokenizer holds back an inc
 possible stop string. The first chunk's latency is the time to first token, queueing included. When the
 event loop falls behind the engine (several steps' outputs waiting for one request), they go out as one
 chunk carrying several tokens, as vLLM does: under load the server catches up instead of slowing the engine.
+
+Tokenizing is the step whose cost a client chooses (tens of seconds for a 30 MB prompt), so it runs in a pool of
+tokenizer threads, as in vLLM (the Rust tokenizer runs without Python's GIL): a long prompt delays only itself.
+A prompt whose length in characters already rules it out is refused before it is tokenized.
 """
 
 from __future__ import annotations
@@ -25,27 +29,18 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from milestones.common.openai_errors import APIError, error_body
+
 from .async_engine import AsyncLLMEngine, EngineClosed, EngineError, RequestStream
 from .detokenizer import IncrementalDetokenizer
 from .metrics import ServerMetrics
-from .protocol import ChatCompletionRequest, CompletionRequest, SamplingRequest, error_body, usage
-
-
-class APIError(Exception):
-    """An error answered with an OpenAI-style body (``app.py`` turns it into the response)."""
-
-    def __init__(self, status: int, message: str, type_: str = "invalid_request_error", param: str | None = None,
-                 code: str | None = None) -> None:
-        super().__init__(message)
-        self.status, self.message, self.type, self.param, self.code = status, message, type_, param, code
-
-    def response(self) -> JSONResponse:
-        return JSONResponse(error_body(self.message, self.type, self.param, self.code), status_code=self.status)
+from .protocol import ChatCompletionRequest, CompletionRequest, SamplingRequest, usage
 
 
 def engine_failure(error: Exception) -> APIError:
@@ -171,6 +166,16 @@ def sse(payload: dict) -> str:
     return f"data: {json.dumps(payload, separators=(',', ':'), ensure_ascii=False)}\n\n"
 
 
+def chars_per_token_bound(tokenizer) -> int | None:
+    """Most prompt characters one token stands for: 4x the longest vocabulary entry (None: no vocabulary to read).
+
+    A byte-level entry holds one character per byte, so the longest (Qwen3's: 128 spaces) bounds the normalized
+    characters one token covers, and NFC composes at most 4 characters into one: generous, never too small.
+    """
+    get_vocab = getattr(tokenizer, "get_vocab", None)
+    return 4 * max(map(len, get_vocab())) if callable(get_vocab) else None
+
+
 class OpenAIServing:
     """The two generation endpoints over one ``AsyncLLMEngine``."""
 
@@ -178,13 +183,18 @@ class OpenAIServing:
                  metrics: ServerMetrics) -> None:
         self.async_engine, self.tokenizer, self.metrics = async_engine, tokenizer, metrics
         self.model_names, self.max_model_len = model_names, max_model_len
+        self.chars_per_token = chars_per_token_bound(tokenizer)
+        self.tokenizer_threads = ThreadPoolExecutor(max_workers=4, thread_name_prefix="nanoserve-tokenizer")
+
+    def close(self) -> None:
+        self.tokenizer_threads.shutdown(wait=False, cancel_futures=True)
 
     # ------------------------------------------------------------------ endpoints
 
     async def completions(self, body: CompletionRequest, request: HTTPRequest) -> Response:
         arrival = time.perf_counter()
         self.check_model(body.model)
-        ids = self.tokenize(body.prompt) if isinstance(body.prompt, str) else list(body.prompt)
+        ids = await self.off_loop(self.tokenize, body.prompt) if isinstance(body.prompt, str) else list(body.prompt)
         self.check_context(ids, body.max_tokens, "prompt")
         generation = await self.start(body, ids, body.max_tokens, arrival)
         response_id, created, model = f"cmpl-{uuid.uuid4().hex}", int(time.time()), self.model_name(body)
@@ -208,7 +218,7 @@ class OpenAIServing:
     async def chat(self, body: ChatCompletionRequest, request: HTTPRequest) -> Response:
         arrival = time.perf_counter()
         self.check_model(body.model)
-        ids = self.render_chat(body)
+        ids = await self.off_loop(self.render_chat, body)
         max_tokens = body.requested_max_tokens
         if max_tokens is None:
             max_tokens = max(1, self.max_model_len - len(ids))  # the room the context leaves
@@ -249,10 +259,21 @@ class OpenAIServing:
     def model_name(self, body: SamplingRequest) -> str:
         return body.model if body.model is not None else self.model_names[0]
 
-    def tokenize(self, prompt: str) -> list[int]:
+    async def off_loop(self, function: Callable, *args):
+        """``function(*args)`` in a tokenizer thread: the event loop serves every other request meanwhile."""
+        return await asyncio.get_running_loop().run_in_executor(self.tokenizer_threads, function, *args)
+
+    def tokenize(self, prompt: str, param: str = "prompt") -> list[int]:
+        """Runs in a tokenizer thread. Refuses a prompt too long in characters alone to fit, before tokenizing it."""
+        if self.chars_per_token is not None and len(prompt) >= self.max_model_len * self.chars_per_token:
+            raise APIError(400, f"the prompt is {len(prompt):,} characters, so at least "
+                           f"{len(prompt) // self.chars_per_token:,} tokens (none stands for more than "
+                           f"{self.chars_per_token}), but this model's context is {self.max_model_len} tokens",
+                           param=param, code="context_length_exceeded")
         return self.tokenizer.encode(prompt, add_special_tokens=False)
 
     def render_chat(self, body: ChatCompletionRequest) -> list[int]:
+        """Runs in a tokenizer thread. The length check is on the rendered text: a template may drop content."""
         if not getattr(self.tokenizer, "chat_template", None):
             raise APIError(400, "this model's tokenizer has no chat template: use /v1/completions", param="messages")
         messages = [{"role": m.role, "content": m.text} for m in body.messages]
@@ -262,7 +283,7 @@ class OpenAIServing:
                                                       **(body.chat_template_kwargs or {}))
         except Exception as error:  # a template error is about the messages sent
             raise APIError(400, f"could not apply the chat template: {error}", param="messages") from error
-        return self.tokenize(text)
+        return self.tokenize(text, "messages")
 
     def check_context(self, ids: list[int], max_tokens: int, prompt_param: str) -> None:
         if not ids:
