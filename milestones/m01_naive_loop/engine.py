@@ -23,13 +23,14 @@ import json
 import numbers
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
 
 from .attention import CausalAttention
 from .config import EngineConfig
-from .loader import load_model
+from .loader import LoadedModel, load_model
 from .request import Request, RequestOutput
 from .sampler import Sampler
 from .sampling_params import SamplingParams
@@ -53,15 +54,26 @@ class LLMEngine:
             # cuDNN's attention backend plans a graph per new shape: about 1.5 ms of CPU per call, measured on
             # the H200 machine, and our shapes change every step. Flash / memory-efficient kernels don't.
             torch.backends.cuda.enable_cudnn_sdp(False)
-        loaded = load_model(self.config.model, self.device, self.dtype, seed=self.config.seed)
+        loaded = self.load_model()
         self.model, self.model_config = loaded.model, loaded.config
-        self.tokenizer = load_tokenizer(loaded.checkpoint_dir)
+        self.tokenizer = self.load_tokenizer(loaded.checkpoint_dir)
         self.vocab_size = self.model_config.vocab_size
         self.max_model_len = self._resolve_max_model_len()
         self.eos_token_ids = self._eos_token_ids(loaded.checkpoint_dir)
         self.sampler = Sampler(seed=self.config.seed)
         self.stats = self.new_stats()  # reset by every generate() call
         self._request_ids = itertools.count()
+
+    def load_model(self) -> LoadedModel:
+        """The model named by ``config.model``, on this engine's device in its dtype (``loader.py``). Called
+        once, before anything else is sized, so a later milestone can change the weights as they load (m13
+        quantizes them there, before the K/V cache takes what memory they leave)."""
+        return load_model(self.config.model, self.device, self.dtype, seed=self.config.seed)
+
+    def load_tokenizer(self, checkpoint_dir: Path | None):
+        """The checkpoint's tokenizer, or Qwen3's built-in one (``tokenizer.py``). A seam: a process that never
+        sees text needs none (m14's worker processes)."""
+        return load_tokenizer(checkpoint_dir)
 
     # ------------------------------------------------------------------ public API
 
