@@ -120,8 +120,11 @@ class LLMEngine(PreviousEngine):
         TensorParallelGroup.destroy()
 
     def collective_rpc(self, function, *args) -> list:
-        """``function(engine, *args)`` on every rank (a module-level function: it is pickled by reference); the
-        results in rank order. vLLM's name; here for tests and the demo (what each rank holds)."""
+        """``function(engine, *args)`` on every rank, the results in rank order (vLLM's name). ``function`` is a
+        module-level function (pickled by reference: a worker imports its module) or the name of an engine
+        method. For tests and the demo: what each rank holds, what it counted."""
+        if isinstance(function, str):
+            function = getattr(type(self), function)
         if self.parallel is None:
             return [function(self, *args)]
         self.raise_if_failed()

@@ -130,11 +130,23 @@ def load_shard(model: str, checkpoint: Path | None, rank: int, world_size: int, 
     return LoadedModel(local.eval().requires_grad_(False), local.config, checkpoint)
 
 
-def shard_summary(model: nn.Module) -> list[tuple[str, tuple[int, ...], int]]:
-    """(name, shape, bytes) of every weight this rank holds (a tied head counted once, as the embedding)."""
-    seen, rows = set(), []
-    for name, param in model.named_parameters():
-        if id(param) not in seen:
-            seen.add(id(param))
-            rows.append((name, tuple(param.shape), param.numel() * param.element_size()))
-    return rows
+LAYER_WEIGHTS = {"q/k/v (packed)": "self_attn.qkv_proj", "o_proj": "self_attn.o_proj",
+                 "gate/up (packed)": "mlp.gate_up_proj", "down_proj": "mlp.down_proj"}
+
+
+def describe_shard(engine) -> dict:
+    """What one rank holds (run on every rank through ``collective_rpc``): its device, the shape of each of a
+    decoder layer's matrices, the embedding and LM head, and the bytes of all its weights (a tied head counted
+    once) and of its K/V per token."""
+    model, layer = engine.model, engine.model.model.layers[0]
+    held = {id(p): p.numel() * p.element_size() for p in model.parameters()}  # a tied head is one tensor
+    head = getattr(model.lm_head, "weight", None)
+    row = {"rank": engine.parallel.rank if engine.parallel is not None else 0, "device": str(engine.device)}
+    for label, path in LAYER_WEIGHTS.items():
+        row[label] = "x".join(map(str, layer.get_submodule(path).weight.shape))
+    row["embedding"] = "x".join(map(str, model.model.embed_tokens.weight.shape))
+    row["LM head"] = "none" if head is None else ("the embedding" if head is model.model.embed_tokens.weight
+                                                  else "x".join(map(str, head.shape)))
+    row["weights (MiB)"] = sum(held.values()) / 2**20
+    row["K/V bytes per token"] = engine.kv_bytes_per_token
+    return row
