@@ -247,3 +247,20 @@ def test_replayed_steps_take_the_filled_ids_on_every_rank(tied_checkpoint, token
         assert steps[0] >= 3 and steps[1] == steps[0]
     finally:
         engine.close()
+
+
+def test_the_benchmarks_give_every_split_the_same_kv_tokens():
+    """A workload's K/V budget is tokens' worth: at TP=2 a rank holds half of each token's K/V, so the harness
+    gives each rank half the bytes per token, and TP=1 and TP=2 run with the same number of slots."""
+    import dataclasses
+
+    from benchmarks.runners import MilestoneRunner
+    from benchmarks.workloads import get_workload
+
+    workload = get_workload("offline", 0)
+    fields = {f.name for f in dataclasses.fields(EngineConfig)}
+    for size in (1, 2):
+        config = EngineConfig(model="tiny", device="cpu", tensor_parallel_size=size)
+        sizing = MilestoneRunner._kv_sizing(config, fields, workload, "tiny", 1000, {})
+        assert sizing["knob"] == "kv_cache_memory_bytes" and sizing["value"] // sizing["bytes_per_token"] == 1000
+        assert sizing["bytes_per_token"] * size == 2 * 4 * 2 * 32 * 4  # K and V, 4 layers, 2 K/V heads of 32, fp32
