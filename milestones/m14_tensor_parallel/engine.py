@@ -122,7 +122,8 @@ class LLMEngine(PreviousEngine):
     def collective_rpc(self, function, *args) -> list:
         """``function(engine, *args)`` on every rank, the results in rank order (vLLM's name). ``function`` is a
         module-level function (pickled by reference: a worker imports its module) or the name of an engine
-        method. For tests and the demo: what each rank holds, what it counted."""
+        method. For tests and the demo: what each rank holds, what it counted. A call that raises on any rank
+        raises here, naming the rank; the group goes on (every rank still sends its result)."""
         if isinstance(function, str):
             function = getattr(type(self), function)
         if self.parallel is None:
@@ -130,7 +131,11 @@ class LLMEngine(PreviousEngine):
         self.raise_if_failed()
         try:
             send_call(self.parallel.cpu_group, function, args)
-            results = gather_results(self.parallel.cpu_group, function(self, *args), self.parallel.world_size, 0)
+            try:
+                own = function(self, *args)
+            except Exception as error:
+                own = CallFailed(one_line(error))
+            results = gather_results(self.parallel.cpu_group, own, self.parallel.world_size, 0)
         except BaseException as error:
             raise self.fail(error) from error
         for rank, result in enumerate(results):

@@ -84,7 +84,9 @@ class TensorParallelGroup:
     @classmethod
     def for_worker(cls, rank: int, world_size: int, device: torch.device, store_port: int,
                    timeout_s: float) -> TensorParallelGroup:
-        """A worker's group, connected to rank 0's store (not joined yet)."""
+        """A worker's group, connected to rank 0's store (not joined yet); its GPU becomes the current device."""
+        if device.type == "cuda":
+            torch.cuda.set_device(device)  # NCCL, Triton and the graphs all use the current device
         store = dist.TCPStore(STORE_HOST, store_port, world_size, is_master=False,
                               timeout=timedelta(seconds=timeout_s))
         return cls(rank, world_size, device, store, timeout_s)
@@ -100,7 +102,7 @@ class TensorParallelGroup:
             wait_for_workers(self.store, self.world_size, self.timeout_s, dead_worker or (lambda: None))
         timeout = timedelta(seconds=self.timeout_s)
         if self.device.type == "cuda":
-            torch.cuda.set_device(self.device)  # NCCL, Triton and the graphs all use the current device
+            torch.cuda.set_device(self.device)
         dist.init_process_group(self.backend, store=self.store, rank=self.rank, world_size=self.world_size,
                                 timeout=timeout, device_id=self.device if self.device.type == "cuda" else None)
         self.cpu_group = dist.new_group(backend="gloo", timeout=timeout if self.rank == 0 else IDLE)

@@ -26,6 +26,10 @@ import torch
 from .worker import run_worker
 
 STOP_GRACE_S = 5.0
+# A worker that dies before its first line of ours ran (it said nothing): most often a script that builds the
+# engine at the top level, which every spawned process imports again.
+NO_LAST_WORDS = (" before saying why (see its output above; a script that builds a tensor-parallel engine must do "
+                 "it under `if __name__ == \"__main__\":`, since every worker imports the script again)")
 
 
 class WorkerProcesses:
@@ -68,7 +72,7 @@ class WorkerProcesses:
                 except EOFError:
                     pass
             how = describe_exit(process.exitcode)
-            said = f": {self.last_words[rank]}" if rank in self.last_words else ""
+            said = f": {self.last_words[rank]}" if rank in self.last_words else NO_LAST_WORDS
             return f"rank {rank} (pid {process.pid}) {how}{said}"
         return None
 
