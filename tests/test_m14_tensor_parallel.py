@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import gc
 import os
+import pickle
 import signal
+import sys
+import types
 from datetime import timedelta
 from pathlib import Path
 
@@ -131,6 +134,17 @@ def test_a_gqa_ratio_of_four_then_a_worker_killed_mid_generate(gqa4_checkpoint, 
     assert engine.model_config.num_attention_heads == 4 and engine.kv_pool.k.shape[-2] == 1  # per rank
     engine.collective_rpc(poison_pool)
     generate_exactly(engine, model, PROMPTS, [6, 9, 3, 7, 5])
+    only_here = types.ModuleType("only_in_rank_0")  # a call a worker cannot import: refused, the group goes on
+    exec("def count_layers(engine):\n    return len(engine.model.model.layers)", only_here.__dict__)
+    sys.modules["only_in_rank_0"] = only_here
+    try:
+        with pytest.raises(RuntimeError, match="rank 1: RuntimeError: the call could not be unpickled here"):
+            engine.collective_rpc(only_here.count_layers)
+    finally:
+        del sys.modules["only_in_rank_0"]
+    with pytest.raises(AttributeError):  # a lambda cannot be pickled: refused before the workers hear of it
+        engine.collective_rpc(lambda engine: 1)
+    assert engine.collective_rpc("describe_kv_cache")[1] == engine.describe_kv_cache()
 
     worker, original, calls = engine.workers.processes[0], engine.forward, []
 

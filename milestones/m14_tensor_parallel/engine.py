@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import pickle
 from pathlib import Path
 
 import torch
@@ -129,6 +130,7 @@ class LLMEngine(PreviousEngine):
         if self.parallel is None:
             return [function(self, *args)]
         self.raise_if_failed()
+        pickle.dumps((function, args))  # what cannot be sent fails here, before the workers are told anything
         try:
             send_call(self.parallel.cpu_group, function, args)
             try:

@@ -130,6 +130,12 @@ def load_shard(model: str, checkpoint: Path | None, rank: int, world_size: int, 
     return LoadedModel(local.eval().requires_grad_(False), local.config, checkpoint)
 
 
+def weights_held(engine) -> dict[str, torch.Tensor]:
+    """Every weight one rank holds, by name, copied (run on every rank through ``collective_rpc``: the tests and
+    the notebook put the ranks' slices back together and compare them with one rank's weights)."""
+    return {name: param.detach().clone() for name, param in engine.model.named_parameters()}
+
+
 LAYER_WEIGHTS = {"q/k/v (packed)": "self_attn.qkv_proj", "o_proj": "self_attn.o_proj",
                  "gate/up (packed)": "mlp.gate_up_proj", "down_proj": "mlp.down_proj"}
 

@@ -43,6 +43,7 @@ class Message:
     ids_on_device: bool = False
     function: object = None
     args: tuple = ()
+    unreadable: str | None = None  # a call this process could not unpickle (its function is not importable here)
 
 
 def pack_step(host: HostBatch, block_tables: np.ndarray, ids_on_device: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -104,6 +105,9 @@ def receive(group: dist.ProcessGroup) -> Message:
         return Message(STEP, unpack_step(values, payload.numpy()), ids_on_device=bool(values[5]))
     if kind == CALL:
         call = [None, None]
-        dist.broadcast_object_list(call, src=0, group=group)
+        try:
+            dist.broadcast_object_list(call, src=0, group=group)
+        except (AttributeError, ImportError) as error:  # received, but e.g. a function of a notebook's __main__
+            return Message(CALL, unreadable=f"{type(error).__name__}: {error}")
         return Message(CALL, function=call[0], args=tuple(call[1]))
     return Message(SHUTDOWN)

@@ -77,6 +77,9 @@ def serve_steps(engine, group: TensorParallelGroup) -> None:
             return
         if message.kind == CALL:
             try:
+                if message.unreadable is not None:
+                    raise RuntimeError(f"the call could not be unpickled here ({message.unreadable}): pass a function "
+                                       "defined in a module, not in a notebook")
                 result = message.function(engine, *message.args)
             except Exception as error:
                 result = CallFailed(one_line(error))
