@@ -13,7 +13,9 @@ import gc
 import os
 import pickle
 import signal
+import subprocess
 import sys
+import time
 import types
 from datetime import timedelta
 from pathlib import Path
@@ -24,7 +26,7 @@ import torch.distributed as dist
 from safetensors.torch import load_file
 from transformers import Qwen3ForCausalLM
 
-from conftest import random_prompts, randomize_norm_weights, tiny_hf_config
+from conftest import greedy_reference, random_prompts, randomize_norm_weights, tiny_hf_config
 from milestones.m14_tensor_parallel import EngineConfig, LLMEngine, TensorParallelError
 from milestones.m14_tensor_parallel.parallel_layers import RowParallelLinear
 from milestones.m14_tensor_parallel.parallel_state import rank_devices
@@ -75,6 +77,7 @@ def gqa4_checkpoint(tmp_path_factory):
     model = Qwen3ForCausalLM(config).eval()
     randomize_norm_weights(model, 4)
     model.save_pretrained(directory)
+    greedy_reference(model, PROMPTS, 9)  # refuses a degenerate reference (see conftest)
     return directory, model
 
 
@@ -216,6 +219,44 @@ def test_tensor_parallel_size_1_is_the_previous_milestone(tied_checkpoint, token
     assert set(children_of(os.getpid())) <= before
     engine.close()  # nothing to stop: still usable
     assert engine.generate(CHATS[:1], greedy(2), use_tqdm=False)[0].token_ids
+
+
+ENGINE_SCRIPT = """
+import sys
+from pathlib import Path
+
+from milestones.m14_tensor_parallel import EngineConfig, LLMEngine
+
+if __name__ == "__main__":
+    engine = LLMEngine(EngineConfig(model=sys.argv[1], device="cpu", tensor_parallel_size=2, kv_cache_tokens=64,
+                                    distributed_timeout_s=120.0))
+    Path(sys.argv[2]).write_text(" ".join(map(str, engine.workers.pids)))
+    sys.stdin.read()  # until it is killed
+"""
+
+
+def test_the_workers_end_with_the_engines_process_however_it_ends(tied_checkpoint, tokenizer_cache, tmp_path):
+    """SIGKILL leaves no chance to clean up: each worker watches its parent's sentinel and goes by itself."""
+    script, pids_file = tmp_path / "engine.py", tmp_path / "pids"
+    script.write_text(ENGINE_SCRIPT)
+    process = subprocess.Popen([sys.executable, str(script), str(tied_checkpoint[0]), str(pids_file)],
+                               stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: pids_file.exists() and pids_file.read_text(), "the engine started", process)
+        workers = [int(pid) for pid in pids_file.read_text().split()]
+        assert workers and not any(map(is_gone, workers))
+    finally:
+        process.kill()
+        process.wait(60)
+    wait_for(lambda: all(map(is_gone, workers)), "every worker is gone")
+
+
+def wait_for(condition, what: str, process: subprocess.Popen | None = None, timeout_s: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert process is None or process.poll() is None, f"the engine's process exited ({process.returncode})"
+        assert time.monotonic() < deadline, f"not within {timeout_s:.0f} s: {what}"
+        time.sleep(0.05)
 
 
 # --------------------------------------------------------------------------- refusals
