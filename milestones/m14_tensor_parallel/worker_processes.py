@@ -23,6 +23,7 @@ from collections.abc import Callable
 
 import torch
 
+from .parallel_state import TensorParallelGroup
 from .worker import run_worker
 
 STOP_GRACE_S = 5.0
@@ -71,9 +72,11 @@ class WorkerProcesses:
                     self.last_words[rank] = pipe.recv()
                 except EOFError:
                     pass
-            how = describe_exit(process.exitcode)
-            said = f": {self.last_words[rank]}" if rank in self.last_words else NO_LAST_WORDS
-            return f"rank {rank} (pid {process.pid}) {how}{said}"
+            if rank in self.last_words:
+                said = f": {self.last_words[rank]}"
+            else:  # killed by a signal: that is the story; exited on its own without a word: our hint
+                said = NO_LAST_WORDS if process.exitcode and process.exitcode > 0 else ""
+            return f"rank {rank} (pid {process.pid}) {describe_exit(process.exitcode)}{said}"
         return None
 
     def stop(self, timeout_s: float = STOP_GRACE_S) -> None:
@@ -116,6 +119,4 @@ def _stop(processes: list, timeout_s: float, leave_group: bool) -> None:
         for process in processes:
             process.join(STOP_GRACE_S)
     if leave_group:
-        from .parallel_state import TensorParallelGroup
-
         TensorParallelGroup.destroy()
