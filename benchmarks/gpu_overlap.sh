@@ -1,23 +1,36 @@
 #!/usr/bin/env bash
 # One GPU call for the engine core (m11) and overlapped scheduling (m12), everything packed into $OUT/call.tgz:
-#   1. the float32 gate and an interleaved comparison (gpu_suite.sh; sets or a/b:workload given as arguments)
-#   2. the steady-state step probe (wall time against GPU-busy time, K/V bytes, host time per request)
-#   3. the exact nanovllm served as a burst by m11 beside its offline generate (the server's wheels from .whl/)
-#   OUT=/some/dir NANOSERVE_GIT_COMMIT=<sha> bash benchmarks/gpu_overlap.sh --set m10/m12:nanovllm --budget-s 240
+#   1. the float32 gate and interleaved comparisons (gpu_suite.sh; sets or a/b:workload given as arguments)
+#   2. PROBE_MILESTONES: the steady-state step probe (wall time against GPU-busy time, K/V bytes, host time)
+#   3. WHOLE_MILESTONES x WHOLE_WORKLOADS: whole workloads step by step (graph, piecewise and eager steps timed)
+#   4. SERVE_MILESTONES with SERVE_ARGS: served under streaming load (benchmarks.online; default: the exact
+#      nanovllm as a burst beside the engine's offline generate); RELIABILITY_MILESTONES: the 512-stream run
+# A variable set to "" skips its part. The server's wheels come from .whl/ (AGENTS.md, "A GPU call").
+#   OUT=/some/dir NANOSERVE_GIT_COMMIT=<sha> bash benchmarks/gpu_overlap.sh --set m10-m12-nanovllm --budget-s 240
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
 OUT="${OUT:-/tmp/nanoserve-overlap}"
-PROBE="${PROBE_MILESTONES:-m10,m12}"
-SERVE="${SERVE_MILESTONES:-m11}"
+PROBE="${PROBE_MILESTONES-m10,m12}"
+WHOLE="${WHOLE_MILESTONES-}"
+WHOLE_WORKLOADS="${WHOLE_WORKLOADS:-offline}"
+SERVE="${SERVE_MILESTONES-m11}"
+SERVE_ARGS="${SERVE_ARGS:---workload nanovllm --rates inf --offline-reference}"
+RELIABILITY="${RELIABILITY_MILESTONES-}"
 mkdir -p "$OUT"
 "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/nanoserve-site .whl/*.whl \
     && export PYTHONPATH="/tmp/nanoserve-site${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false TQDM_MININTERVAL=15
 status=0
-bash benchmarks/gpu_suite.sh "$@" --out "$OUT/results" || status=1
+[ $# -gt 0 ] && { bash benchmarks/gpu_suite.sh "$@" --out "$OUT/results" || status=1; }
 [ -n "$PROBE" ] && { "$PY" -m benchmarks.step_probe --milestone "$PROBE" --out-dir "$OUT/probe" 2>&1 | tee "$OUT/probe.log" || status=1; }
-[ -n "$SERVE" ] && { "$PY" -m benchmarks.online --milestone "$SERVE" --workload nanovllm --rates inf --offline-reference \
-    --device cuda --no-progress --out-dir "$OUT/online" 2>&1 | tee "$OUT/online.log" || status=1; }
+[ -n "$WHOLE" ] && { "$PY" -m benchmarks.step_probe --milestone "$WHOLE" --whole "$WHOLE_WORKLOADS" --out-dir "$OUT/probe" \
+    2>&1 | tee "$OUT/whole.log" || status=1; }
+# shellcheck disable=SC2086  # SERVE_ARGS is a list of flags
+[ -n "$SERVE" ] && { "$PY" -m benchmarks.online --milestone "$SERVE" $SERVE_ARGS --device cuda --no-progress \
+    --out-dir "$OUT/online" 2>&1 | tee "$OUT/online.log" || status=1; }
+[ -n "$RELIABILITY" ] && { "$PY" -m benchmarks.online --milestone "$RELIABILITY" --reliability --num-requests 512 \
+    --max-tokens 128 --max-num-seqs 256 --device cuda --no-progress --out-dir "$OUT/online" 2>&1 \
+    | tee "$OUT/reliability.log" || status=1; }
 tar czf /tmp/nanoserve-call.tgz -C "$OUT" . && find "$OUT" -mindepth 1 -delete && mv /tmp/nanoserve-call.tgz "$OUT/call.tgz"
 exit $status

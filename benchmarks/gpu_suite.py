@@ -79,14 +79,21 @@ def available(engine: str) -> str | None:
     return None
 
 
+# Knobs that make an engine lossy by design (m13's quantization): the gate checks exact tokens, so such an engine
+# is gated without them (its unquantized path); its error is measured instead (benchmarks/quant_accuracy.py).
+LOSSY_KNOBS = ("quantization", "kv_cache_dtype", "calculate_kv_scales")
+
+
 def gate_items(entries: list[Entry], num_requests: int) -> list[GateItem]:
     """Every (engine, workload, overrides) the entries measure or name, once. A ``max_num_seqs`` override of at
-    least ``num_requests`` cannot change what the gate's few requests do, so it does not make a new item."""
+    least ``num_requests`` cannot change what the gate's few requests do, so it does not make a new item; a lossy
+    knob (``LOSSY_KNOBS``) is dropped: the engine's unquantized path is what can be gated."""
     items: list[GateItem] = []
     for entry in entries:
         for item in entry.gate_items():
             overrides = tuple((k, v) for k, v in item.overrides
-                              if not (k == "max_num_seqs" and isinstance(v, int) and v >= num_requests))
+                              if not (k == "max_num_seqs" and isinstance(v, int) and v >= num_requests)
+                              and k not in LOSSY_KNOBS)
             item = GateItem(item.engine, item.workload, overrides, item.tag if overrides else None)
             if item not in items:
                 items.append(item)

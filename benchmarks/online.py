@@ -298,7 +298,7 @@ def run_target(args: argparse.Namespace, parser: argparse.ArgumentParser, milest
                 if callable(getattr(engine, "close", None)):
                     engine.close()  # m14: its worker processes hold GPUs too
                 engine = None
-                free_gpu_memory()
+                free_memory()
                 client = build_engine_client(module, args, parser, **defaults)
             server = ServerThread(build_app(client, served_model_name=args.model), graceful_shutdown_s=5.0).start()
             url, model = server.url, args.model

@@ -126,6 +126,46 @@ def probe(milestone: str, start: int, num_steps: int, model: str, overrides: dic
     return result
 
 
+def whole_run(milestone: str, workload_name: str, model: str, overrides: dict, device: str = "cuda") -> dict:
+    """A whole workload driven step by step: how many steps replayed a graph and how many ran eagerly (mixed
+    prefill/decode steps), and the wall time each kind took (each step timed from the host, no extra sync)."""
+    workload = get_workload(workload_name, 0)
+    runner = make_runner(milestone, workload, model=model, device=device, dtype="auto", seed=0,
+                         overrides=overrides, kv_tokens=kv_tokens_needed(workload))
+    runner.warmup()
+    engine = runner.engine
+    for request, sp in zip(workload.requests, runner._params(workload.requests)):
+        engine.add_request(list(request.prompt_token_ids), sp)
+    kinds = {"graph": [0, 0.0], "piecewise": [0, 0.0], "eager": [0, 0.0], "no launch": [0, 0.0]}
+    sync(engine.device)
+    began = time.perf_counter()
+    with torch.inference_mode():
+        while engine.has_unfinished():
+            stats = engine.stats
+            before = (stats.graph_steps, getattr(stats, "piecewise_steps", 0), stats.eager_steps)
+            start = time.perf_counter()
+            engine.engine_step()
+            after = (stats.graph_steps, getattr(stats, "piecewise_steps", 0), stats.eager_steps)
+            kind = next((k for k, b, a in zip(("graph", "piecewise", "eager"), before, after) if a > b), "no launch")
+            kinds[kind][0] += 1
+            kinds[kind][1] += time.perf_counter() - start
+    sync(engine.device)
+    wall = time.perf_counter() - began
+    tokens = sum(r.max_tokens for r in workload.requests)
+    result = {"milestone": engine.milestone, "workload": workload_name, "wall_s": wall, "output_tokens": tokens,
+              "output_tokens_per_s": tokens / wall,
+              "steps": {k: {"count": n, "wall_s": t, "ms_per_step": t / n * 1e3 if n else None}
+                        for k, (n, t) in kinds.items()},
+              "engine_config": runner.knobs(), "env": environment(engine.device)}
+    print(f"{engine.milestone} on {workload_name}: {wall:.2f} s, {tokens / wall:,.0f} output tok/s; "
+          + "; ".join(f"{k}: {n} steps, {t:.2f} s ({t / n * 1e3 if n else 0:.1f} ms each)"
+                      for k, (n, t) in kinds.items()), flush=True)
+    del runner, engine
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return result
+
+
 def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.step_probe", description=__doc__.split("\n\n")[0])
     parser.add_argument("--milestone", default="m10,m11,m12", help="comma-separated milestones")
@@ -134,6 +174,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--model", default="qwen3-0.6b-random")
     parser.add_argument("--device", default="cuda", help="cuda (what it is for), or cpu to try it out")
     parser.add_argument("--max-requests", type=int, help="only the workload's first N requests (a CPU try-out)")
+    parser.add_argument("--whole", default="", help="comma-separated workloads to run whole, timing graph and "
+                        "eager steps apart (instead of the steady-state window)")
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                         help="an EngineConfig override (JSON value), e.g. --set async_scheduling=false")
     parser.add_argument("--out-dir", type=Path, default=REPO_ROOT / "benchmarks" / "results")
@@ -141,6 +183,14 @@ def main(argv: list[str] | None = None) -> list[dict]:
     overrides = {k: json.loads(v) for k, v in (item.split("=", 1) for item in args.set)}
     results = []
     for milestone in args.milestone.split(","):
+        for workload in filter(None, args.whole.split(",")):
+            result = whole_run(milestone, workload, args.model, overrides, args.device)
+            path = args.out_dir / result["env"]["gpu_slug"] / f"step_kinds_{milestone}_{workload}.json"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(result, indent=2) + "\n")
+            results.append(result)
+        if args.whole:
+            continue
         result = probe(milestone, args.start, args.steps, args.model, overrides, args.device, args.max_requests)
         path = args.out_dir / result["env"]["gpu_slug"] / f"step_probe_{milestone}.json"
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -98,6 +98,9 @@ class Gate:
 Entry = Run | Compare | Gate
 
 
+FP8_KV = Member("m13", (("kv_cache_dtype", "fp8"),), "fp8kv")  # m13 with its K/V cache in float8 e4m3
+
+
 def budgets(milestone: str, values: tuple[int | None, ...]) -> tuple[Member, ...]:
     """The same milestone at several ``max_num_batched_tokens`` (None: unlimited), one member each."""
     return tuple(Member(milestone, (("max_num_batched_tokens", v),), f"mnbt-{'none' if v is None else v}")
@@ -207,11 +210,24 @@ SETS: dict[str, list[Entry]] = {  # named by what they measure; calls/*.json rec
         Run("hf-static", "offline", 35),
         Run("hf-cb", "offline", 25),
     ],
+    # The host hidden behind the GPU (m12) against m10 and m11 (whose offline generate is m10's, in-process),
+    # and transformers' compiled generate beside them on `offline`.
+    "m10-m12-nanovllm": [Compare(("m10", "m11", "m12"), "nanovllm", run_s=(11, 11, 8), build_s=12)],
+    "m10-m12-nanovllm-pair": [Compare(("m10", "m12"), "nanovllm", run_s=(10, 7), build_s=(12, 18))],
+    "m10-m12-offline-peers": [Compare(("hf-compiled", "m10", "m12"), "offline", run_s=(8, 3, 2), build_s=(110, 12, 18))],
+    "m10-m12-memory-bound": [Compare(("m10", "m12"), "memory-bound", run_s=(5, 4), build_s=12)],
+    # ---- issue 20 (m13): FP8 K/V against the bf16 K/V cache, both m13, on Qwen3-0.6B's shape (guesses until
+    # measured: m10's times). The gate checks m13 unquantized (gpu_suite.LOSSY_KNOBS). The batch-1 step on
+    # qwen3-8b-random is benchmarks/quant_step.py's, the logit errors benchmarks/quant_accuracy.py's.
+    "m13-fp8-kv": [
+        Compare(("m13", FP8_KV), "nanovllm", run_s=(15, 13), build_s=20),
+        Compare(("m13", FP8_KV), "memory-bound", run_s=(12, 10), build_s=20),
+    ],
     # ---- m14, tensor parallelism. One GPU: tensor_parallel_size=1 must be the milestone before it (gated with
     # graphs on and off, then interleaved against it).
     "m14-tp1": [
         Gate(("m14", Member("m14", (("enforce_eager", True),), "eager")), ("offline", "nanovllm")),
-        Compare((Member("m12", (), "beside-m14"), "m14"), "nanovllm", run_s=(8, 8), build_s=20),
+        Compare((Member("m13", (), "beside-m14"), "m14"), "nanovllm", run_s=(8, 8), build_s=20),
     ],
     # Two GPUs: TP=1 against TP=2 on Qwen3-0.6B's shape (batch 1 and the exact nanovllm); TP=2 gated with its
     # graphs (NCCL inside them) and without.

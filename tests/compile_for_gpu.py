@@ -145,6 +145,18 @@ def compile_store(dtype: torch.dtype, slot_dtype: torch.dtype, store_kv) -> None
     store_kv(k, k.clone(), cache, cache.clone(), torch.tensor([5, -1, 17], dtype=slot_dtype))
 
 
+def compile_fused(dtype: torch.dtype, fused_kernels) -> None:
+    """m12's fused kernels at Qwen3-0.6B's shape: 3 tokens, hidden 1024, 16 + 8 heads of 128, intermediate 3072."""
+    hidden, heads, kv_heads, head_dim, inter = 1024, 16, 8, 128, 3072
+    x = torch.zeros(3, hidden, dtype=dtype)
+    fused_kernels.add_rms_norm(x, x.clone(), torch.zeros(hidden, dtype=dtype), 1e-6)
+    qkv = torch.zeros(3, (heads + 2 * kv_heads) * head_dim, dtype=dtype)
+    table = torch.zeros(64, head_dim, dtype=dtype)
+    fused_kernels.qk_norm_rope(qkv, heads, kv_heads, head_dim, torch.zeros(heads + kv_heads, head_dim, dtype=dtype),
+                               table, table.clone(), torch.tensor([0, 5, 63]), 1e-6)
+    fused_kernels.silu_and_mul(torch.zeros(3, 2 * inter, dtype=dtype))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python tests/compile_for_gpu.py", description=__doc__.split("\n")[0])
     parser.add_argument("--arch", type=int, default=90, help="CUDA compute capability x10 (default 90: Hopper)")
@@ -160,11 +172,13 @@ def main(argv: list[str] | None = None) -> int:
     from triton.runtime.driver import driver
 
     from milestones.m08_triton_kernel import paged_decode_kernel, store_kv_kernel
+    from milestones.m12_async_scheduling import fused_kernels
 
     driver.set_active(TargetOnlyDriver(GPUTarget("cuda", args.arch, 32)))
     compiled: list = []
     for module, names in ((paged_decode_kernel, ("_paged_decode_kernel", "_combine_splits_kernel")),
-                          (store_kv_kernel, ("_store_kv_kernel",))):
+                          (store_kv_kernel, ("_store_kv_kernel",)),
+                          (fused_kernels, ("_add_rms_norm_kernel", "_qk_norm_rope_kernel", "_silu_and_mul_kernel"))):
         for name in names:
             setattr(module, name, CompileOnly(getattr(module, name).compiled, compiled))
     paged_decode_kernel.runs_interpreted = lambda device: False  # so the wrapper picks its GPU code paths
@@ -179,6 +193,8 @@ def main(argv: list[str] | None = None) -> int:
               lambda d=dtype, s=slots: compile_store(d, s, store_kv_kernel.store_kv))
              for dtype, slots in ((torch.float32, torch.int64), (torch.float16, torch.int32),
                                   (torch.bfloat16, torch.int64), (torch.bfloat16, torch.int32))]
+    jobs += [(f"m12 fused kernels {str(dtype)[6:]}", lambda d=dtype: compile_fused(d, fused_kernels))
+             for dtype in (torch.float32, torch.bfloat16)]
     limit = SHARED_MEMORY_PER_BLOCK.get(args.arch)
     results = []
     for name, job in jobs:

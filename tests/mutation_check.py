@@ -123,8 +123,8 @@ MUTATIONS = (
     Mutation(
         "decode-scale-head-dim-128", "m08's engine hands the decode kernel Qwen3-0.6B's softmax scale, "
         "1/sqrt(128), whatever the model's head_dim", "milestones/m08_triton_kernel/attention.py",
-        (("q.shape[-1] ** -0.5, max_context_len=self.max_context_len)",
-          "128 ** -0.5, max_context_len=self.max_context_len)"),),
+        (("q.shape[-1] ** -0.5, max_context_len=self.max_context_len,",
+          "128 ** -0.5, max_context_len=self.max_context_len,"),),
         ("tests/test_m08_engine.py",),
     ),
     Mutation(
@@ -161,6 +161,21 @@ MUTATIONS = (
         "milestones/m07_chunked_prefill/config.py",
         (("if self.max_num_batched_tokens < self.max_num_seqs:", "if False:"),),
         ("tests/test_m07_chunked_prefill.py",),
+    ),
+    Mutation(
+        "m13-int4-nibbles-swapped", "m13's int4 unpacking reads a byte's high nibble as element j and the low one as "
+        "element j + 64", "milestones/m13_quantization/matmul_kernels.py",
+        (("        lo = ((b & 0xF) | 0x4B000000).to(tl.float32, bitcast=True) - (8388608.0 + 8.0)\n"
+          "        hi = ((b >> 4) | 0x4B000000).to(tl.float32, bitcast=True) - (8388608.0 + 8.0)",
+          "        lo = ((b >> 4) | 0x4B000000).to(tl.float32, bitcast=True) - (8388608.0 + 8.0)\n"
+          "        hi = ((b & 0xF) | 0x4B000000).to(tl.float32, bitcast=True) - (8388608.0 + 8.0)"),),
+        ("tests/test_m13_quantization.py",),
+    ),
+    Mutation(
+        "m13-fp8-decode-drops-v-scale", "m08's decode kernel reads an FP8 cache but never multiplies by V's scale",
+        "milestones/m08_triton_kernel/paged_decode_kernel.py",
+        (("        out = out * tl.load(v_scale_ptr)", "        out = out"),),
+        ("tests/test_m13_quantization.py",),
     ),
     Mutation(
         "tp-workers-take-placeholder-ids", "m14's rank 0 never broadcasts the input ids it filled from the previous "

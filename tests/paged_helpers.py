@@ -109,8 +109,8 @@ class StepRecorder:
         ``tokens``: every request's prompt + output ids. Token equality alone misses some position bugs: RoPE
         sees only the distance between a query and a key, so positions all shifted alike give the same tokens."""
         for step in self.steps:
-            if not step.scheduled:  # m12: nothing new to plan while the last step is read back
-                continue
+            if not step.scheduled or step.input_ids is None:  # m12: nothing planned while the last step is read
+                continue                                            # back; or a decode graph (no device_batch)
             expected_ids, expected_positions = [], []
             for request_id, start, n in step.scheduled:
                 expected_ids += tokens[request_id][start:start + n]

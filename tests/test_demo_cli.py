@@ -77,6 +77,8 @@ BAD_FLAGS = [
     ("m08_triton_kernel", ["--shapes", "16x"], "'16x'"),
     ("m09_server", ["--rate", "0"], "--rate"),
     ("m10_cuda_graphs", ["--step-repeats", "0"], "--step-repeats"),
+    ("m13_quantization", ["--modes", "int3"], "--modes"),
+    ("m13_quantization", ["--kv-cache-memory-bytes", "0"], "--kv-cache-memory-bytes"),
 ]
 BAD_FLAGS = [case for case in BAD_FLAGS if case[0] in DEMOS]
 

@@ -19,6 +19,7 @@ from milestones.m01_naive_loop.__main__ import main as m01_demo
 from milestones.m02_kv_cache.__main__ import main as m02_demo
 from milestones.m03_static_batching.__main__ import main as m03_demo
 from milestones.m04_continuous_batching.__main__ import main as m04_demo
+from milestones.m13_quantization.__main__ import main as m13_demo
 
 
 @pytest.fixture(autouse=True)
@@ -91,6 +92,17 @@ def test_m04_demo_runs_both_engines_on_the_skewed_workload(capsys, small_model):
     m03, m04 = rows
     assert m03["output tokens"] == m04["output tokens"] == 2 * 9 + 4 * 2
     assert m04["useful fraction"] == 1.0 > m03["useful fraction"]
+
+
+def test_m13_demo_shows_bytes_and_the_logit_error_of_each_mode(capsys, small_model):
+    rows = m13_demo(["--model", small_model, "--device", "cpu", "--modes", "int8,fp8-kv", "--num-prompts", "2",
+                     "--prompt-len", "6", "--max-tokens", "3", "--step-tokens", "3", "--repeats", "1"])
+    out = capsys.readouterr().out
+    assert "K/V bytes per token" in out and "rel. RMS error" in out and "top-1 agreement" in out
+    assert "greedy tokens identical to the unquantized engine's: int8" in out
+    assert [row["label"] for row in rows][1:] == ["m13 int8", "m13 fp8-kv"] and rows[0]["label"].endswith("(float32)")
+    assert all(float(row["rel. RMS error"]) > 0 for row in rows[1:])  # lossy: the logits moved, a little
+    assert rows[0]["output tokens"] == rows[1]["output tokens"] == 3
 
 
 def test_random_prompts_are_seeded_and_below_special_ids():

@@ -226,8 +226,8 @@ def test_a_core_killed_mid_stream_ends_every_stream_and_health_fails(chat_checkp
 
 
 def test_a_bad_config_is_one_line_from_the_core(tokenizer_cache):
-    with pytest.raises(ValueError, match="kv_cache_memory_gib"):
-        LLMEngine.make_engine_client(EngineConfig(model="tiny", device="cpu", kv_cache_memory_gib=1e-9))
+    with pytest.raises(ValueError, match="kv_cache_memory_bytes"):
+        LLMEngine.make_engine_client(EngineConfig(model="tiny", device="cpu", kv_cache_memory_bytes=1024))
 
 
 # --------------------------------------------------------------------------- the server's process and the core's

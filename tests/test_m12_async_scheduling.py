@@ -244,3 +244,26 @@ def test_the_fused_layers_give_transformers_tokens(tied_checkpoint, tokenizer_ca
     outputs = engine.generate(PROMPTS[:3], [greedy(n) for n in (4, 6, 2)], use_tqdm=False)
     assert engine.stats.graph_steps > 0
     assert tokens(outputs) == [reference(tied_checkpoint[1], p, n) for p, n in zip(PROMPTS[:3], (4, 6, 2))]
+
+
+def test_token_buckets_pad_little():
+    from milestones.m12_async_scheduling.piecewise import token_buckets
+
+    assert token_buckets(8192) == [16, 32, 64, 128, 256, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192]
+    assert token_buckets(100) == [16, 32, 64, 100] and token_buckets(10) == [10]
+
+
+def test_mixed_steps_replayed_in_pieces_give_transformers_tokens(tied_checkpoint, tokenizer_cache):
+    """Steps with prompt chunks run through the piecewise runner's buffers (not captured, on a CPU): padded to a
+    bucket, attention between the pieces on the real rows only; under chunking, prefix hits and preemption."""
+    from milestones.m12_async_scheduling import EngineConfig, LLMEngine
+
+    engine = LLMEngine(EngineConfig(model=str(tied_checkpoint[0]), device="cpu", attention_backend="triton",
+                                    max_num_seqs=4, block_size=4, max_num_batched_tokens=10, kv_cache_tokens=56))
+    engine.graph_runner = engine.build_graph_runner(capture=False)
+    engine.piecewise = engine.build_piecewise_runner(capture=False)
+    assert engine.piecewise.buckets == [10]
+    outputs, _ = generate_exactly(engine, tied_checkpoint[1], CHATS, [12, 12, 10, 12])
+    stats = engine.stats
+    assert stats.piecewise_steps > 0 and stats.graph_steps > 0 and stats.eager_steps == 0
+    assert stats.num_preemptions >= 1 and stats.prefix_cache_hit_tokens > 0

@@ -36,6 +36,11 @@ ENGINE_FLAGS: tuple[tuple[str, str, object, str, str], ...] = (
      "prompt prefixes", ""),
     ("--attention-backend", "attention_backend", str, "auto, torch or triton", ""),
     ("--enforce-eager", "enforce_eager", "flag", "never capture or replay CUDA graphs (m10 on)", ""),
+    ("--async-scheduling", "async_scheduling", argparse.BooleanOptionalAction, "plan step N+1 while the GPU runs "
+     "step N (m12 on)", ""),
+    ("--quantization", "quantization", str, "int8 or int4 weights (m13 on)", "weights in --dtype"),
+    ("--kv-cache-dtype", "kv_cache_dtype", str, "auto, or fp8 (fp8_e4m3): the K/V cache in float8 (m13 on)", ""),
+    ("--calculate-kv-scales", "calculate_kv_scales", "flag", "FP8 K/V scales from the first prompt (m13 on)", ""),
     ("--tensor-parallel-size", "tensor_parallel_size", int, "ranks (GPUs) sharing every layer (m14 on)", ""),
 )
 SHORT_FLAGS = {"--tensor-parallel-size": "-tp"}  # vLLM's short spelling

@@ -2,9 +2,11 @@
 
 ``load_model(name)`` resolves ``name`` in this order:
 
-1. a **preset** (``tiny``, ``qwen3-0.6b-random``): a Qwen3 config written here and seeded random weights, so
-   that demos, tests and GPU benchmarks run with no download. ``qwen3-0.6b-random`` has Qwen3-0.6B's exact
-   shape, so its speed is the real model's speed (its tokens are noise, of course);
+1. a **preset** (``tiny``, ``qwen3-0.6b-random``, ``qwen3-8b-random``): a Qwen3 config written here and seeded
+   random weights, so that demos, tests and GPU benchmarks run with no download. ``qwen3-0.6b-random`` and
+   ``qwen3-8b-random`` have the real models' exact shapes, so their speed is the real models' speed (their
+   tokens are noise, of course). The 8B preset is built on the device it runs on: 16 GB in bfloat16, 33 GB
+   at the peak of building (float32 first); a device without that much free memory is refused;
 2. a **local directory** holding ``config.json`` and ``*.safetensors`` (one file or shards);
 3. a **hub id** such as ``Qwen/Qwen3-0.6B``, fetched with ``huggingface_hub`` into its usual cache.
 
@@ -41,11 +43,16 @@ QWEN3_0_6B_SHAPE = dict(
     eos_token_id=151645,
 )
 
+# Qwen3-8B's published shape (config.json of Qwen/Qwen3-8B): the same vocabulary, untied embeddings.
+QWEN3_8B_SHAPE = {**QWEN3_0_6B_SHAPE, "hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 36,
+                  "num_attention_heads": 32, "num_key_value_heads": 8, "tie_word_embeddings": False}
+
 PRESETS: dict[str, dict] = {
     # Small enough for a laptop CPU, but with the real vocabulary so the real tokenizer works with it.
     "tiny": {**QWEN3_0_6B_SHAPE, "hidden_size": 128, "intermediate_size": 384, "num_hidden_layers": 4,
              "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "max_position_embeddings": 8192},
     "qwen3-0.6b-random": dict(QWEN3_0_6B_SHAPE),
+    "qwen3-8b-random": dict(QWEN3_8B_SHAPE),  # for where weights dominate a step (m13); ~8.2 billion parameters
 }
 
 # "org/name" (letters, digits, '-', '_', '.'): what a hub id looks like.
@@ -105,6 +112,34 @@ def _one_line(error: Exception) -> str:
     return f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
 
 
+def parameter_count(config: Qwen3Config) -> int:
+    """Parameters of a Qwen3 dense model of this shape: embeddings (and an untied head), layers, norms."""
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    h, q, kv = config.hidden_size, config.num_attention_heads * head_dim, config.num_key_value_heads * head_dim
+    per_layer = h * (q + 2 * kv) + q * h + 3 * h * config.intermediate_size + 2 * h + 2 * head_dim
+    embeddings = config.vocab_size * h * (1 if config.tie_word_embeddings else 2)
+    return embeddings + config.num_hidden_layers * per_layer + h
+
+
+def check_preset_fits(name: str, config: Qwen3Config, device: torch.device, dtype: torch.dtype) -> None:
+    """Refuse, in one line, a preset whose build would not fit: ``build_model`` makes float32 weights (then casts
+    them one tensor at a time). Only a device that can say how much memory it has free is checked (CUDA, Linux's
+    RAM)."""
+    needed = parameter_count(config) * 4
+    if device.type == "cuda":
+        free = torch.cuda.mem_get_info(device)[0]
+    else:
+        try:
+            import os
+
+            free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (AttributeError, ValueError, OSError):
+            return
+    if needed > free:
+        raise ValueError(f"preset {name!r} needs about {needed / 2**30:.1f} GiB to build on {device} (its "
+                         f"weights in float32 first), but only {free / 2**30:.1f} GiB are free there")
+
+
 def build_model(config: Qwen3Config, device: torch.device, dtype: torch.dtype) -> Qwen3ForCausalLM:
     if getattr(config, "model_type", "qwen3") != "qwen3":
         raise ValueError(f"this engine runs Qwen3 dense models; the checkpoint is {config.model_type!r}")
@@ -152,6 +187,7 @@ def load_model(name: str, device: torch.device, dtype: torch.dtype, seed: int = 
     with torch.no_grad():
         if name in PRESETS:
             config = preset_config(name)
+            check_preset_fits(name, config, device, dtype)
             model = build_model(config, device, dtype)
             init_random_(model, seed, std=config.initializer_range)
             return LoadedModel(model, config, None)

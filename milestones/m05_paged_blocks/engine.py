@@ -141,7 +141,7 @@ class LLMEngine(ContinuousBatchingEngine):
         size = pool.num_blocks * pool.block_size * self.kv_bytes_per_token
         return (f"K/V cache: {pool.num_blocks:,} blocks x {pool.block_size} tokens = "
                 f"{pool.num_blocks * pool.block_size:,} token slots ({format_bytes(size)}, "
-                f"{str(self.dtype).removeprefix('torch.')})")
+                f"{str(pool.k.dtype).removeprefix('torch.')})")
 
     # ------------------------------------------------------------------ one step
 

@@ -56,6 +56,15 @@ class PagedKVCache(KVPool):
         shape = (self.num_blocks, self.block_size, *self.k.shape[-2:])
         return self.k[layer_idx, :self.capacity].view(shape), self.v[layer_idx, :self.capacity].view(shape)
 
+    def gather(self, layer_idx: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V of one layer at ``slots`` (``[n]``), copied out: ``[n, kv_heads, head_dim]`` each."""
+        return self.k[layer_idx].index_select(0, slots), self.v[layer_idx].index_select(0, slots)
+
+    def kernel_scales(self, layer_idx: int) -> dict:
+        """Extra arguments a kernel that stores into or reads this cache needs (m08's: none, the cache holds the
+        model's own floats; m13's FP8 cache passes each layer's scales)."""
+        return {}
+
 
 @dataclass
 class AttentionMetadata:
@@ -204,10 +213,8 @@ class GatherIndices:
     def attend(self, layer_idx: int, q: torch.Tensor, cache: PagedKVCache) -> torch.Tensor:
         """``q [T, heads, dim]``: the step's packed queries -> the outputs of the chosen sequences' queries,
         packed in the same order (all ``T`` rows when every sequence is chosen)."""
-        pool_k, pool_v = cache.k[layer_idx], cache.v[layer_idx]
         batch, keys = self.kv_slots.shape
-        shape = (batch, keys, *pool_k.shape[-2:])
-        k = pool_k.index_select(0, self.kv_slots.reshape(-1)).view(shape)  # the copy m08 avoids
-        v = pool_v.index_select(0, self.kv_slots.reshape(-1)).view(shape)
+        k, v = cache.gather(layer_idx, self.kv_slots.reshape(-1))  # the copy m08 avoids
+        k, v = k.view(batch, keys, *k.shape[-2:]), v.view(batch, keys, *v.shape[-2:])
         out = sdpa(q[self.query_rows], k, v, attn_mask=self.mask)  # [B, Q, heads, dim]
         return out.reshape(-1, *out.shape[-2:])[self.packed_index]

@@ -37,7 +37,8 @@ class TritonDecodeGroup:
         k_blocks, v_blocks = cache.block_view(layer_idx)
         queries = q if self.rows is None else q.index_select(0, self.rows)
         return paged_decode_attention(queries, k_blocks, v_blocks, self.block_tables, self.context_lens,
-                                      q.shape[-1] ** -0.5, max_context_len=self.max_context_len)
+                                      q.shape[-1] ** -0.5, max_context_len=self.max_context_len,
+                                      **cache.kernel_scales(layer_idx))
 
 
 class TritonPagedAttention(PagedAttention):
@@ -51,4 +52,5 @@ class TritonPagedAttention(PagedAttention):
     def store(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor) -> None:
         from .store_kv_kernel import store_kv
 
-        store_kv(k, v, self.cache.k[layer_idx], self.cache.v[layer_idx], self.metadata.slot_mapping)
+        store_kv(k, v, self.cache.k[layer_idx], self.cache.v[layer_idx], self.metadata.slot_mapping,
+                 **self.cache.kernel_scales(layer_idx))

@@ -52,6 +52,7 @@ from .launch_config import (DEFAULT_CONFIG, LAUNCH_TABLE, MAX_SPLITS, DecodeKern
                             choose_launch, choose_num_splits, sm_count)
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+FP8_DTYPE = torch.float8_e4m3fn  # an FP8 cache (m13): read with a per-layer float32 scale for K and for V
 INDEX_DTYPES = (torch.int32, torch.int64)  # of block_tables and context_lens
 MIN_GROUP_ROWS = 16  # tl.dot needs M >= 16: the query-head group is padded to this many rows
 LOG2_E = math.log2(math.e)  # scores are kept in base 2: exp(x) = exp2(x * log2(e))
@@ -71,8 +72,13 @@ def _paged_decode_kernel(
     stride_table, stride_out_seq, stride_out_head, stride_out_split,
     GROUP: tl.constexpr, GROUP_ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     TILE: tl.constexpr, SPLIT: tl.constexpr, DOT_FP32: tl.constexpr, IEEE: tl.constexpr,
+    k_scale_ptr, v_scale_ptr, KV_FP8: tl.constexpr,
 ):
-    """One (sequence, K/V head, split): the ``GROUP`` query heads of that K/V head against its keys."""
+    """One (sequence, K/V head, split): the ``GROUP`` query heads of that K/V head against its keys.
+
+    ``KV_FP8`` (m13): the cache holds float8_e4m3 values ``x / scale`` with one float32 scale per layer for K
+    and one for V (``k_scale_ptr``, ``v_scale_ptr``): tiles are widened to q's dtype in registers, K's scale
+    multiplies the scores (through ``scale_log2``) and V's the output."""
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -98,6 +104,8 @@ def _paged_decode_kernel(
                 mask=(rows < GROUP)[:, None], other=0.0)
     if DOT_FP32:
         q = q.to(tl.float32)
+    if KV_FP8:
+        scale_log2 = scale_log2 * tl.load(k_scale_ptr)
 
     m = tl.full([GROUP_ROWS], float("-inf"), tl.float32)  # running max of the scores (base-2 units)
     l = tl.zeros([GROUP_ROWS], tl.float32)  # running sum of 2^(score - m)
@@ -121,6 +129,9 @@ def _paged_decode_kernel(
                     mask=valid[:, None], other=0.0)
         v = tl.load(v_head + (block * stride_v_block + slot * stride_v_slot)[:, None] + dims[None, :],
                     mask=valid[:, None], other=0.0)
+        if KV_FP8:
+            k = k.to(q_ptr.dtype.element_ty)
+            v = v.to(q_ptr.dtype.element_ty)
         if DOT_FP32:
             k = k.to(tl.float32)
             v = v.to(tl.float32)
@@ -143,6 +154,8 @@ def _paged_decode_kernel(
 
     has_keys = l > 0  # false only for an empty split, or a padding row with context length 0
     out = acc / tl.where(has_keys, l, 1.0)[:, None]
+    if KV_FP8:
+        out = out * tl.load(v_scale_ptr)
     out_rows = out_ptr + seq * stride_out_seq + heads[:, None] * stride_out_head + split * stride_out_split
     row_mask = (rows < GROUP)[:, None]
     if SPLIT:
@@ -190,9 +203,10 @@ def _check(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_
         raise ValueError(f"k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)} differ in shape")
     batch, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, cache_head_dim = k_cache.shape
-    if q.dtype not in SUPPORTED_DTYPES or k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
-        raise ValueError(f"q, k_cache and v_cache must share one of float32/float16/bfloat16; got {q.dtype}, "
-                         f"{k_cache.dtype}, {v_cache.dtype}")
+    fp8_cache = k_cache.dtype == v_cache.dtype == FP8_DTYPE
+    if q.dtype not in SUPPORTED_DTYPES or not (fp8_cache or k_cache.dtype == v_cache.dtype == q.dtype):
+        raise ValueError(f"q, k_cache and v_cache must share one of float32/float16/bfloat16 (or both caches "
+                         f"float8_e4m3fn); got {q.dtype}, {k_cache.dtype}, {v_cache.dtype}")
     if cache_head_dim != head_dim or num_heads % num_kv_heads:
         raise ValueError(f"q has {num_heads} heads of {head_dim}; the cache {num_kv_heads} K/V heads of "
                          f"{cache_head_dim} (heads must be a multiple of K/V heads, head_dim equal)")
@@ -269,7 +283,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float, *,
                            max_context_len: int | None = None, num_splits: int | None = None,
                            out: torch.Tensor | None = None,
-                           config: DecodeKernelConfig | None = None) -> torch.Tensor:
+                           config: DecodeKernelConfig | None = None, k_scale: torch.Tensor | None = None,
+                           v_scale: torch.Tensor | None = None) -> torch.Tensor:
     """Attention of one new query token per sequence over its paged K/V; returns ``[B, heads, head_dim]``.
 
     ``q`` ``[B, heads, head_dim]`` (RoPE applied); ``k_cache``/``v_cache`` ``[num_blocks, block_size, kv_heads,
@@ -279,8 +294,15 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     host-side upper bound on ``context_lens`` for the split heuristic (default: ``max_blocks * block_size``);
     ``num_splits`` overrides the heuristic; ``out`` receives the result if given. ``config``: by default
     ``LAUNCH_TABLE``'s entry for the regime (split or direct); a given config serves both regimes.
+    ``k_scale`` / ``v_scale`` (one-element float32 tensors, read on the device): a float8_e4m3fn cache's scales
+    (m13), required with such a cache and refused without one.
     """
     layout = _layout(q, k_cache, v_cache, block_tables, context_lens, out)
+    kv_fp8 = k_cache.dtype == FP8_DTYPE
+    if kv_fp8 != (k_scale is not None) or kv_fp8 != (v_scale is not None):
+        raise ValueError("k_scale and v_scale go with a float8_e4m3fn cache, and such a cache needs both; got a "
+                         f"{k_cache.dtype} cache and k_scale {'given' if k_scale is not None else 'None'}, "
+                         f"v_scale {'given' if v_scale is not None else 'None'}")
     if out is None:
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     if layout.batch == 0:
@@ -309,6 +331,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         q, k_cache, v_cache, block_tables, context_lens, target, lse,
         scale * LOG2_E, num_splits, layout.max_blocks, *layout.strides, *target_strides,
         TILE=config.tile_tokens, SPLIT=split, DOT_FP32=layout.dots_in_fp32 or config.dot_in_fp32,
+        k_scale_ptr=k_scale, v_scale_ptr=v_scale, KV_FP8=kv_fp8,
         num_warps=config.num_warps, num_stages=config.num_stages, **layout.constexprs,
     )
     if split:
@@ -321,8 +344,10 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
 
 def paged_decode_attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                                      block_tables: torch.Tensor, context_lens: torch.Tensor,
-                                     scale: float) -> torch.Tensor:
-    """The same result in plain torch, one sequence at a time in float32: the definition the kernel must meet."""
+                                     scale: float, k_scale: torch.Tensor | float = 1.0,
+                                     v_scale: torch.Tensor | float = 1.0) -> torch.Tensor:
+    """The same result in plain torch, one sequence at a time in float32: the definition the kernel must meet
+    (an FP8 cache's values times its ``k_scale`` / ``v_scale``)."""
     batch, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     group = num_heads // num_kv_heads
@@ -332,8 +357,8 @@ def paged_decode_attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_c
         if length == 0:
             continue
         blocks = block_tables[b, : -(-length // block_size)].long()
-        keys = k_cache[blocks].reshape(-1, num_kv_heads, head_dim)[:length].float()
-        values = v_cache[blocks].reshape(-1, num_kv_heads, head_dim)[:length].float()
+        keys = k_cache[blocks].reshape(-1, num_kv_heads, head_dim)[:length].float() * k_scale
+        values = v_cache[blocks].reshape(-1, num_kv_heads, head_dim)[:length].float() * v_scale
         keys, values = keys.repeat_interleave(group, dim=1), values.repeat_interleave(group, dim=1)
         scores = torch.einsum("hd,thd->ht", q[b].float(), keys) * scale
         out[b] = torch.einsum("ht,thd->hd", scores.softmax(dim=-1), values).to(q.dtype)

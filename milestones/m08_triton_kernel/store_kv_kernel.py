@@ -19,15 +19,35 @@ import torch
 import triton
 import triton.language as tl
 
-from .device_kernel import device_kernel
+from .device_kernel import device_kernel, runs_interpreted
 from .paged_decode_kernel import SUPPORTED_DTYPES
+
+
+@triton.jit
+def _to_fp8(x, scale_ptr, ROUND_FIRST: tl.constexpr):
+    """``x / scale`` as float8_e4m3 (m13's FP8 cache): clamped to its largest value, 448, rounded to nearest.
+
+    ``ROUND_FIRST``: round in float32 arithmetic, then convert a value FP8 holds exactly. Triton's interpreter
+    (numpy) drops the carry when a conversion rounds up into the next power of two (7.94 becomes 4, not 8);
+    compiled, the conversion itself rounds correctly and this is not needed."""
+    y = tl.minimum(tl.maximum(x.to(tl.float32) / tl.load(scale_ptr), -448.0), 448.0)
+    if ROUND_FIRST:
+        bits = y.to(tl.int32, bitcast=True)
+        # normal FP8 values keep 3 of float32's 23 mantissa bits: round the other 20 to nearest, ties to even
+        normal = ((bits + 0x7FFFF + ((bits >> 20) & 1)) & -0x100000).to(tl.float32, bitcast=True)
+        # below 2^-6 FP8 is subnormal, in steps of 2^-9: adding 1.5 * 2^14 (whose float32 step is 2^-9) rounds there
+        magnitude = (tl.abs(y) + 24576.0) - 24576.0
+        subnormal = tl.where(y < 0, -magnitude, magnitude)  # keeps the sign of a value that rounds to zero
+        y = tl.where(tl.abs(y) < 0.015625, subnormal, normal)
+    return y.to(tl.float8e4nv)
 
 
 @device_kernel
 @triton.jit
 def _store_kv_kernel(k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_mapping_ptr,
                      stride_k_token, stride_v_token, stride_k_slot, stride_v_slot,
-                     ROW: tl.constexpr, ROW_POW2: tl.constexpr):
+                     ROW: tl.constexpr, ROW_POW2: tl.constexpr,
+                     k_scale_ptr, v_scale_ptr, KV_FP8: tl.constexpr, ROUND_FIRST: tl.constexpr):
     token = tl.program_id(0)
     slot = tl.load(slot_mapping_ptr + token).to(tl.int64)
     cols = tl.arange(0, ROW_POW2)
@@ -35,6 +55,9 @@ def _store_kv_kernel(k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_mapping_ptr,
     mask = cols < row_len
     k = tl.load(k_ptr + token * stride_k_token + cols, mask=mask)
     v = tl.load(v_ptr + token * stride_v_token + cols, mask=mask)
+    if KV_FP8:  # m13: an FP8 cache stores x / scale (one float32 scale per layer for K and for V)
+        k = _to_fp8(k, k_scale_ptr, ROUND_FIRST)
+        v = _to_fp8(v, v_scale_ptr, ROUND_FIRST)
     tl.store(k_cache_ptr + slot * stride_k_slot + cols, k, mask=mask)
     tl.store(v_cache_ptr + slot * stride_v_slot + cols, v, mask=mask)
 
@@ -62,9 +85,11 @@ def _check(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     if k_cache.shape[-2:] != k.shape[-2:]:
         raise ValueError(f"k has {tuple(k.shape[-2:])} (kv_heads, head_dim) per token, the cache "
                          f"{tuple(k_cache.shape[-2:])}")
-    if k.dtype not in SUPPORTED_DTYPES or {v.dtype, k_cache.dtype, v_cache.dtype} != {k.dtype}:
-        raise ValueError(f"k, v and the caches must share one of float32/float16/bfloat16; got {k.dtype}, "
-                         f"{v.dtype}, {k_cache.dtype}, {v_cache.dtype}")
+    fp8_cache = k_cache.dtype == v_cache.dtype == torch.float8_e4m3fn
+    if k.dtype not in SUPPORTED_DTYPES or v.dtype != k.dtype or not (fp8_cache or k_cache.dtype == v_cache.dtype
+                                                                     == k.dtype):
+        raise ValueError(f"k, v and the caches must share one of float32/float16/bfloat16 (or both caches "
+                         f"float8_e4m3fn); got {k.dtype}, {v.dtype}, {k_cache.dtype}, {v_cache.dtype}")
     if slot_mapping.shape != (k.shape[0],) or slot_mapping.dtype not in (torch.int32, torch.int64):
         raise ValueError(f"slot_mapping must be an int32/int64 [{k.shape[0]}] tensor; got "
                          f"{slot_mapping.dtype} {tuple(slot_mapping.shape)}")
@@ -84,8 +109,12 @@ def _meta(t: torch.Tensor) -> tuple:
 
 
 def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-             slot_mapping: torch.Tensor) -> None:
-    """``k_cache[slot_mapping[i]] = k[i]`` and the same for V, for every token i with a slot >= 0."""
+             slot_mapping: torch.Tensor, k_scale: torch.Tensor | None = None,
+             v_scale: torch.Tensor | None = None) -> None:
+    """``k_cache[slot_mapping[i]] = k[i]`` and the same for V, for every token i with a slot >= 0.
+
+    With a float8_e4m3fn cache (m13) it stores ``k[i] / k_scale`` and ``v[i] / v_scale`` (one-element float32
+    tensors, read on the device), clamped to +-448 and rounded to nearest."""
     key = (_meta(k), _meta(v), _meta(k_cache), _meta(v_cache), _meta(slot_mapping))
     strides = _ROW_STRIDES.get(key)
     if strides is None:  # first call with this layout: check it (every layer of a step then finds it here)
@@ -93,6 +122,11 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
         if len(_ROW_STRIDES) >= _MAX_LAYOUTS:
             _ROW_STRIDES.clear()
         _ROW_STRIDES[key] = strides
+    kv_fp8 = k_cache.dtype == torch.float8_e4m3fn
+    if kv_fp8 != (k_scale is not None) or kv_fp8 != (v_scale is not None):
+        raise ValueError("k_scale and v_scale go with a float8_e4m3fn cache, and such a cache needs both; got a "
+                         f"{k_cache.dtype} cache and k_scale {'given' if k_scale is not None else 'None'}, "
+                         f"v_scale {'given' if v_scale is not None else 'None'}")
     if k.shape[0] == 0:
         return
     row = k.shape[-2] * k.shape[-1]
@@ -100,4 +134,5 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     _store_kv_kernel[(k.shape[0],)](
         k, v, k_cache, v_cache, slot_mapping, *strides,
         ROW=row, ROW_POW2=1 << (row - 1).bit_length(), num_warps=4,
+        k_scale_ptr=k_scale, v_scale_ptr=v_scale, KV_FP8=kv_fp8, ROUND_FIRST=kv_fp8 and runs_interpreted(k.device),
     )

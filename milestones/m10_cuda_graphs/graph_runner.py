@@ -63,10 +63,11 @@ class GraphDecodeAttention:
         from milestones.m08_triton_kernel.paged_decode_kernel import paged_decode_attention
         from milestones.m08_triton_kernel.store_kv_kernel import store_kv
 
-        store_kv(k, v, self.cache.k[layer_idx], self.cache.v[layer_idx], self.slot_mapping)
+        scales = self.cache.kernel_scales(layer_idx)  # none, or an FP8 cache's per-layer scales (m13)
+        store_kv(k, v, self.cache.k[layer_idx], self.cache.v[layer_idx], self.slot_mapping, **scales)
         k_blocks, v_blocks = self.cache.block_view(layer_idx)
         return paged_decode_attention(q, k_blocks, v_blocks, self.block_tables, self.context_lens,
-                                      q.shape[-1] ** -0.5, max_context_len=self.max_context_len)
+                                      q.shape[-1] ** -0.5, max_context_len=self.max_context_len, **scales)
 
 
 class CUDAGraphRunner:

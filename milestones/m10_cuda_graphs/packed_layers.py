@@ -78,8 +78,11 @@ class PackedMLP(nn.Module):
 
 @torch.no_grad()
 def pack_projections(model: Qwen3ForCausalLM) -> Qwen3ForCausalLM:
-    """Swap every layer's attention and MLP for their packed versions, in place (old weights are freed)."""
+    """Swap every layer's attention and MLP for their packed versions, in place (old weights are freed).
+    Layers already packed are left as they are (m13 packs, then quantizes, as it loads)."""
     for layer in model.model.layers:
-        layer.self_attn = PackedAttention(layer.self_attn)
-        layer.mlp = PackedMLP(layer.mlp)
+        if not isinstance(layer.self_attn, PackedAttention):
+            layer.self_attn = PackedAttention(layer.self_attn)
+        if not isinstance(layer.mlp, PackedMLP):
+            layer.mlp = PackedMLP(layer.mlp)
     return model

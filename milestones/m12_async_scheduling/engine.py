@@ -29,19 +29,32 @@ token is launched is not planned again. ``async_scheduling=False`` gives m11's e
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import torch
 
 from milestones.m05_paged_blocks.engine import HostBatch
 from milestones.m05_paged_blocks.scheduler import SchedulerOutput
+from milestones.m10_cuda_graphs.engine import GraphStats
 from milestones.m11_engine_core import LLMEngine as EngineCoreEngine
 
 from .config import EngineConfig
 from .fused_layers import FusedCausalLM
 from .graph_runner import OverlappedGraphRunner
 from .in_flight import InFlightStep, PinnedIds
+from .piecewise import PiecewiseGraphRunner
 from .scheduler import Scheduler
 from .sequence import AsyncSequence
+
+
+PIECEWISE_MAX_TOKENS = 8192
+
+
+@dataclass
+class OverlapStats(GraphStats):
+    """m10's counters plus ``piecewise_steps``: steps with prompt chunks replayed in pieces."""
+
+    piecewise_steps: int = 0
 
 
 class LLMEngine(EngineCoreEngine):
@@ -53,13 +66,45 @@ class LLMEngine(EngineCoreEngine):
 
     def __init__(self, config: EngineConfig | None = None) -> None:
         self.in_flight: InFlightStep | None = None
+        self.piecewise: PiecewiseGraphRunner | None = None
         super().__init__(config if config is not None else EngineConfig())
         self.pinned_ids = PinnedIds(self.config.max_num_seqs, self.device)
+        if self.graph_runner is not None and self.config.cudagraph_mode == "full_and_piecewise":
+            self.piecewise = self.build_piecewise_runner(capture=True)
+        self.stats = self.new_stats()
+
+    def build_piecewise_runner(self, capture: bool = True) -> PiecewiseGraphRunner:
+        """Pieces for every step of up to ``max_num_batched_tokens`` tokens (at most 8,192: larger steps are rare
+        and long enough to pay their own launches)."""
+        budget = self.config.max_num_batched_tokens or PIECEWISE_MAX_TOKENS
+        return PiecewiseGraphRunner(self.graph_runner.model.model, min(budget, PIECEWISE_MAX_TOKENS), self.device,
+                                    capture=capture)
+
+    def describe_cuda_graphs(self) -> str:
+        pieces = self.piecewise
+        extra = "" if pieces is None else (f"; mixed steps in {len(pieces.graphs)} piece graphs ("
+                                           f"{len(pieces.buckets)} token counts up to {pieces.buckets[-1]:,}), "
+                                           f"captured in {pieces.capture_seconds:.2f} s")
+        return super().describe_cuda_graphs() + extra
+
+    def forward(self, host: HostBatch) -> torch.Tensor | None:
+        if (self.piecewise is None or self.is_graph_step(host)
+                or self.piecewise.bucket(len(host.input_ids)) is None):
+            return super().forward(host)
+        self.stats.piecewise_steps += 1
+        batch = self.device_batch(host)  # the ids (pending ones filled on the device) and the metadata
+        logits = self.piecewise.run(batch.input_ids, batch.metadata.positions, self.make_attention(batch.metadata),
+                                    batch.sample_rows, self.model.compute_logits)
+        return logits if host.sampling else None
 
     def model_for_graphs(self):
         """The decode graphs record the fused layers (fewer, larger kernels: the GPU's share of a step). Eager
         steps keep m10's layers: outside a graph every Triton launch costs the host more than a torch op."""
         return FusedCausalLM(self.model)
+
+    def new_stats(self) -> OverlapStats:
+        stats = super().new_stats()
+        return OverlapStats(**{f: getattr(stats, f) for f in stats.__dataclass_fields__})
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished() or self.in_flight is not None

@@ -43,10 +43,12 @@ def _add_rms_norm_kernel(x_ptr, residual_ptr, weight_ptr, out_ptr, eps, D: tl.co
     tl.store(out_ptr + row * D + cols, (s * inv_rms * w).to(x.dtype), mask=mask)
 
 
-def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """``residual += x`` in place; returns ``RMSNorm(residual) * weight``. Both ``[T, D]``, contiguous."""
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+                 out: torch.Tensor | None = None) -> torch.Tensor:
+    """``residual += x`` in place; returns ``RMSNorm(residual) * weight`` (into ``out`` if given). ``[T, D]``,
+    contiguous."""
     tokens, dim = residual.shape
-    out = torch.empty_like(residual)
+    out = torch.empty_like(residual) if out is None else out
     if tokens:
         _add_rms_norm_kernel[(tokens,)](x, residual, weight, out, eps, D=dim, BLOCK=triton.next_power_of_2(dim),
                                         num_warps=4)
@@ -80,14 +82,17 @@ def _qk_norm_rope_kernel(qkv_ptr, weight_ptr, cos_ptr, sin_ptr, positions_ptr, q
 
 
 def qk_norm_rope(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int, norm_weight: torch.Tensor,
-                 cos: torch.Tensor, signed_sin: torch.Tensor, positions: torch.Tensor,
-                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+                 cos: torch.Tensor, signed_sin: torch.Tensor, positions: torch.Tensor, eps: float,
+                 out: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``qkv [T, (heads + 2 kv_heads) * dim]`` (rows contiguous) -> q ``[T, heads, dim]``, k ``[T, kv_heads, dim]``:
     each head RMS-normalised with its row of ``norm_weight [heads + kv_heads, dim]``, then rotated by the angles
-    of its token's position (m01's tables: ``cos`` = [cos, cos], ``signed_sin`` = [-sin, +sin])."""
+    of its token's position (m01's tables: ``cos`` = [cos, cos], ``signed_sin`` = [-sin, +sin]). ``out``: (q, k)
+    to write into (contiguous), else new tensors."""
     tokens = qkv.shape[0]
-    q = torch.empty((tokens, num_heads, head_dim), dtype=qkv.dtype, device=qkv.device)
-    k = torch.empty((tokens, num_kv_heads, head_dim), dtype=qkv.dtype, device=qkv.device)
+    if out is None:
+        out = (torch.empty((tokens, num_heads, head_dim), dtype=qkv.dtype, device=qkv.device),
+               torch.empty((tokens, num_kv_heads, head_dim), dtype=qkv.dtype, device=qkv.device))
+    q, k = out
     if tokens:
         _qk_norm_rope_kernel[(tokens, num_heads + num_kv_heads)](
             qkv, norm_weight, cos, signed_sin, positions, q, k, eps, qkv.stride(0), cos.stride(0),

@@ -9,7 +9,7 @@ only), ``worker_processes.py`` (rank 0's handle: start, watch, stop), ``engine.p
 (``tensor_parallel_size``, ``distributed_timeout_s``).
 """
 
-from milestones.m12_async_scheduling import RequestOutput, SamplingParams
+from milestones.m13_quantization import RequestOutput, SamplingParams
 
 from .config import EngineConfig
 from .engine import LLMEngine, TensorParallelError

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from milestones.m01_naive_loop.config import range_of
-from milestones.m12_async_scheduling import EngineConfig as PreviousConfig
+from milestones.m13_quantization import EngineConfig as PreviousConfig
 
 
 @dataclass

@@ -35,7 +35,7 @@ import torch.distributed as dist
 
 from milestones.m01_naive_loop.loader import PRESETS, LoadedModel, resolve_checkpoint
 from milestones.m05_paged_blocks.engine import HostBatch
-from milestones.m12_async_scheduling import LLMEngine as PreviousEngine
+from milestones.m13_quantization import LLMEngine as PreviousEngine
 
 from .config import EngineConfig
 from .parallel_layers import check_tensor_parallel_size

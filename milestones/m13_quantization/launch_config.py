@@ -1,0 +1,166 @@
+"""How a quantized matmul is launched: one configuration per regime of the token count ``M``.
+
+``out[M, N] = x[M, K] @ W[N, K]^T`` with ``W`` quantized. Four regimes, decided from ``M`` alone (a Python int,
+so a captured CUDA graph always replays the launch it recorded):
+
+    gemv    M <= GEMV_MAX_M (decode at batch 1-4)   every weight byte is used by only M rows: pure streaming.
+            One program per BLOCK_N output rows (and per slice of K when N alone gives too few programs):
+            unpack in registers, multiply-add on the CUDA cores, no tensor cores (a 16-row tl.dot would spend
+            16x the multiplies on padding).
+    small   M <= SMALL_MAX_M (decode at batch 5-32)  a tile of M rows (padded to 16) on the tensor cores:
+            the weight tile is unpacked to bf16 in registers and fed to ``tl.dot``.
+    large   M <= LARGE_MAX_M (decode at batch 33-512)  the same kernel with larger tiles, or ``dequant``:
+            unpack the weight into a bf16 scratch, a slice of rows at a time, and let cuBLAS do the product.
+    prefill M > LARGE_MAX_M (prompt chunks)  the same choice where the product is thousands of rows: there the
+            unpacking is amortised over every row, and cuBLAS may win (the microbenchmark decides).
+
+Each regime holds a ``QuantMatmulConfig`` per method (``LAUNCH_TABLE``). ``python -m benchmarks.quant_bench`` on
+a GPU times every candidate of ``CANDIDATES`` at Qwen3-8B's layer shapes and prints the table its measurements
+favour, ready to paste below. No triton import here: the tests check this arithmetic anywhere.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+KERNELS = ("gemv", "dot", "dequant")
+GEMV_MAX_M = 4
+SMALL_MAX_M = 32
+LARGE_MAX_M = 512
+MAX_SPLIT_K = 16
+
+
+@dataclass(frozen=True)
+class QuantMatmulConfig:
+    """Launch parameters of one quantized matmul.
+
+    ``kernel``: ``gemv`` (CUDA cores, streaming), ``dot`` (tensor cores) or ``dequant`` (scratch + cuBLAS).
+    ``block_n`` / ``block_k``: output rows and inputs per program per loop step (int4: ``block_k`` is a multiple
+    of the 128-input group); ``block_m``: rows of ``x`` per program for ``dot`` (``gemv`` uses M rounded up to a
+    power of two). ``num_warps`` / ``num_stages``: Triton's threads per program and software-pipelining depth
+    (loads of ``num_stages - 1`` later steps in flight while one is computed). ``group_m``: ``dot`` visits
+    tiles in groups of this many row blocks so that a weight tile is reused from L2. ``magic``: ``gemv`` turns
+    integers into floats by writing them into a float's mantissa (an OR and a subtraction, full-rate ALU work)
+    instead of int-to-float conversions, which run at a quarter of that rate or less. ``defer_sum``: ``gemv``
+    keeps a partial sum per element across the loop and reduces across K once at the end (fewer shuffles, more
+    registers: used only where it fits in 64 per thread) instead of a cross-thread reduction in every step.
+    ``min_programs_per_sm``: ``gemv`` splits K until the launch has at least this many programs per SM.
+    """
+
+    kernel: str = "gemv"
+    block_m: int = 16
+    block_n: int = 16
+    block_k: int = 256
+    num_warps: int = 4
+    num_stages: int = 3
+    group_m: int = 8
+    magic: bool = True
+    defer_sum: bool = True
+    min_programs_per_sm: int = 1
+
+    def __post_init__(self) -> None:
+        if self.kernel not in KERNELS:
+            raise ValueError(f"kernel must be one of {', '.join(KERNELS)}, got {self.kernel!r}")
+        for name in ("block_m", "block_n", "block_k"):
+            value = getattr(self, name)
+            if value < 1 or value & (value - 1):
+                raise ValueError(f"{name} must be a power of two, got {value}")
+        if self.kernel == "dot" and min(self.block_m, self.block_n, self.block_k) < 16:
+            raise ValueError("tl.dot needs block_m, block_n and block_k >= 16")
+        if self.num_warps not in (1, 2, 4, 8, 16) or self.num_stages < 1 or self.group_m < 1:
+            raise ValueError(f"bad launch parameters num_warps={self.num_warps} num_stages={self.num_stages} "
+                             f"group_m={self.group_m}")
+
+
+def regime(m: int) -> str:
+    if m <= GEMV_MAX_M:
+        return "gemv"
+    return "small" if m <= SMALL_MAX_M else "large" if m <= LARGE_MAX_M else "prefill"
+
+
+# One configuration per method and regime: the design defaults until benchmarks/quant_bench.py has measured them
+# on the H200 (pending H200 run). gemv: 16 rows x 256 inputs per step (4 KB of int8, 2 KB of int4 per program),
+# 16-byte loads along K; compiled for sm_90 at batch 1 it takes 92 (int8) and 96 (int4) registers per thread:
+# 5 programs of 4 warps per SM (tests/compile_m13_for_gpu.py --registers).
+LAUNCH_TABLE: dict[str, dict[str, QuantMatmulConfig]] = {
+    "int8": {
+        "gemv": QuantMatmulConfig("gemv", block_n=16, block_k=256, num_warps=4, num_stages=3),
+        "small": QuantMatmulConfig("dot", block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=4),
+        "large": QuantMatmulConfig("dot", block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=3),
+        "prefill": QuantMatmulConfig("dot", block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=3),
+    },
+    "int4": {
+        "gemv": QuantMatmulConfig("gemv", block_n=16, block_k=256, num_warps=4, num_stages=3),
+        "small": QuantMatmulConfig("dot", block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=4),
+        "large": QuantMatmulConfig("dot", block_m=64, block_n=128, block_k=128, num_warps=4, num_stages=3),
+        "prefill": QuantMatmulConfig("dot", block_m=64, block_n=128, block_k=128, num_warps=4, num_stages=3),
+    },
+}
+
+# The candidates of the two regimes with many rows (large batches, prompt chunks).
+LARGE_CANDIDATES: dict[str, QuantMatmulConfig] = {
+    "m64-n128-k128-w4-s3": QuantMatmulConfig("dot", block_m=64, block_n=128, block_k=128, num_warps=4,
+                                             num_stages=3),
+    "m128-n128-k64-w8-s3": QuantMatmulConfig("dot", block_m=128, block_n=128, block_k=64, num_warps=8,
+                                             num_stages=3),
+    "m128-n128-k128-w8-s3": QuantMatmulConfig("dot", block_m=128, block_n=128, block_k=128, num_warps=8,
+                                              num_stages=3),
+    "m128-n64-k128-w4-s4": QuantMatmulConfig("dot", block_m=128, block_n=64, block_k=128, num_warps=4,
+                                             num_stages=4),
+    "dequant + cuBLAS": QuantMatmulConfig("dequant", block_n=64, block_k=256, num_warps=4, num_stages=2),
+}
+
+# What benchmarks/quant_bench.py times: every candidate in its regime, for both methods (int4 needs block_k a
+# multiple of 128; candidates that do not qualify for a method are skipped there).
+CANDIDATES: dict[str, dict[str, QuantMatmulConfig]] = {
+    "gemv": {
+        "n16-k256-w4-s3": QuantMatmulConfig("gemv", block_n=16, block_k=256, num_warps=4, num_stages=3),
+        "n16-k512-w4-s3": QuantMatmulConfig("gemv", block_n=16, block_k=512, num_warps=4, num_stages=3),
+        "n8-k512-w4-s4": QuantMatmulConfig("gemv", block_n=8, block_k=512, num_warps=4, num_stages=4),
+        "n32-k256-w8-s3": QuantMatmulConfig("gemv", block_n=32, block_k=256, num_warps=8, num_stages=3),
+        "n16-k256-w4-s3 convert": QuantMatmulConfig("gemv", block_n=16, block_k=256, num_warps=4, num_stages=3,
+                                                    magic=False),
+        "n16-k256-w4-s3 4/SM": QuantMatmulConfig("gemv", block_n=16, block_k=256, num_warps=4, num_stages=3,
+                                                   min_programs_per_sm=4),
+        "n16-k256-w4-s3 sum per step": QuantMatmulConfig("gemv", block_n=16, block_k=256, num_warps=4,
+                                                         num_stages=3, defer_sum=False),
+    },
+    "small": {
+        "m16-n64-k128-w4-s4": QuantMatmulConfig("dot", block_m=16, block_n=64, block_k=128, num_warps=4,
+                                                num_stages=4),
+        "m16-n128-k128-w4-s3": QuantMatmulConfig("dot", block_m=16, block_n=128, block_k=128, num_warps=4,
+                                                 num_stages=3),
+        "m16-n32-k256-w4-s4": QuantMatmulConfig("dot", block_m=16, block_n=32, block_k=256, num_warps=4,
+                                                num_stages=4),
+        "m32-n64-k128-w4-s4": QuantMatmulConfig("dot", block_m=32, block_n=64, block_k=128, num_warps=4,
+                                                num_stages=4),
+    },
+    "large": LARGE_CANDIDATES,
+    "prefill": LARGE_CANDIDATES,  # the same candidates, timed at prompt-chunk sizes
+}
+
+
+def fits_method(config: QuantMatmulConfig, method: str) -> bool:
+    """int4 unpacks whole 128-input groups: its ``block_k`` must be a multiple of 128."""
+    return method == "int8" or config.block_k % 128 == 0
+
+
+def choose_split_k(m: int, n: int, k: int, num_sms: int, config: QuantMatmulConfig) -> int:
+    """``gemv``: slices of K, so that ``cdiv(N, block_n) * split_k`` reaches ``min_programs_per_sm`` per SM.
+
+    Qwen3-8B on an H200 (132 SMs, block_n 16): o_proj and down_proj (N = 4,096) have 256 programs, qkv 384,
+    gate_up 1,536, the LM head 9,496: no split at one program per SM. Each split adds two small launches (the
+    float32 accumulator is zeroed, then cast), so a split must buy more than ~5 us.
+    """
+    if config.kernel != "gemv":
+        return 1
+    programs = -(-n // config.block_n)
+    wanted = -(-config.min_programs_per_sm * num_sms // programs)
+    return max(1, min(wanted, k // config.block_k, MAX_SPLIT_K))
+
+
+def choose_launch(method: str, m: int, n: int, k: int, num_sms: int,
+                  table: dict[str, dict[str, QuantMatmulConfig]] = LAUNCH_TABLE) -> tuple[QuantMatmulConfig, int]:
+    """``(config, split_k)`` of one launch: the table's entry for ``M``'s regime."""
+    config = table[method][regime(m)]
+    return config, choose_split_k(m, n, k, num_sms, config)

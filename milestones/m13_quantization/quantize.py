@@ -1,0 +1,169 @@
+"""Weight-only quantization: the two formats, quantizing at load, and the module that replaces ``nn.Linear``.
+
+A decode step reads every weight once and does two flops per weight per row. At small batch the GPU waits on
+memory, not arithmetic, so the step's time is the weights' bytes over the memory bandwidth. Storing each weight
+in fewer bits and widening it back to bfloat16 *in registers*, inside the matmul kernel, cuts the bytes read
+and leaves the arithmetic as it was (``matmul_kernels.py``). Only the weights are quantized ("weight-only",
+W8A16 / W4A16): activations stay in bfloat16.
+
+**int8, per output channel** (``quantization="int8"``)::
+
+    scale[n] = max_k |W[n, k]| / 127           one float32 per output row
+    q[n, k]  = round(W[n, k] / scale[n])       int8 in [-127, 127]
+    W[n, k] ~ q[n, k] * scale[n]                1 byte per weight (+ 4 bytes per row)
+
+**int4, groups of 128 along the input dimension** (``quantization="int4"``): one scale per row per group, since
+a single scale per row would spend the 16 levels on the row's largest outlier::
+
+    scale[n, g] = max_{k in g} |W[n, k]| / 7   one float32 per 128 weights (0.03 bytes per weight)
+    q[n, k]     = round(W[n, k] / scale[n, g]) in [-7, 7], stored as q + 8 (a nibble, 1..15)
+
+Two nibbles share a byte. Within each group of 128, byte ``j`` (0..63) holds element ``j`` in its low nibble and
+element ``j + 64`` in its high nibble (llama.cpp's Q4_0 blocks are laid out the same way), so both nibbles of
+a byte use the same scale and a kernel unpacks a group into two contiguous halves with one mask and one shift::
+
+    packed[n, 64 g + j] = (q[n, 128 g + j] + 8) | (q[n, 128 g + 64 + j] + 8) << 4
+
+Symmetric scales (no zero point) keep the dequantisation one multiply; both formats round to nearest.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+QUANTIZATION_METHODS = ("int8", "int4")
+INT8_MAX = 127
+INT4_MAX = 7  # symmetric: -7..7, stored with an offset of 8 as 1..15 (0 and -8 unused)
+INT4_OFFSET = 8
+GROUP_SIZE = 128  # int4: inputs per scale
+
+
+def check_method(method: str) -> None:
+    if method not in QUANTIZATION_METHODS:
+        raise ValueError(f"unknown quantization {method!r}: use {' or '.join(QUANTIZATION_METHODS)} (or None)")
+
+
+def check_groupable(in_features: int, name: str = "a linear layer") -> None:
+    """int4's groups of ``GROUP_SIZE`` inputs must tile the input dimension exactly."""
+    if in_features % GROUP_SIZE:
+        raise ValueError(f"quantization='int4' groups {GROUP_SIZE} inputs per scale, but {name} has "
+                         f"{in_features} inputs (not a multiple of {GROUP_SIZE}); use int8 for this model")
+
+
+# --------------------------------------------------------------------------- int8
+
+
+def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[N, K]`` float -> (int8 ``[N, K]``, float32 scales ``[N]``)."""
+    w = weight.float()
+    scales = w.abs().amax(dim=1).clamp(min=torch.finfo(torch.float32).tiny) / INT8_MAX
+    q = torch.round(w / scales[:, None]).clamp(-INT8_MAX, INT8_MAX).to(torch.int8)
+    return q, scales
+
+
+def dequantize_int8(q: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    return (q.float() * scales[:, None]).to(dtype)
+
+
+# --------------------------------------------------------------------------- int4
+
+
+def quantize_int4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[N, K]`` float -> (uint8 ``[N, K // 2]``, two nibbles per byte; float32 scales ``[N, K // 128]``)."""
+    n, k = weight.shape
+    check_groupable(k)
+    groups = weight.float().view(n, k // GROUP_SIZE, GROUP_SIZE)
+    scales = groups.abs().amax(dim=2).clamp(min=torch.finfo(torch.float32).tiny) / INT4_MAX
+    q = torch.round(groups / scales[:, :, None]).clamp(-INT4_MAX, INT4_MAX).to(torch.int16) + INT4_OFFSET
+    return pack_int4(q.view(n, k)), scales
+
+
+def pack_int4(nibbles: torch.Tensor) -> torch.Tensor:
+    """Values 0..15 ``[N, K]`` -> bytes ``[N, K // 2]``: per group of 128, element j low, element j + 64 high."""
+    n, k = nibbles.shape
+    halves = nibbles.to(torch.uint8).view(n, k // GROUP_SIZE, 2, GROUP_SIZE // 2)
+    return (halves[:, :, 0] | (halves[:, :, 1] << 4)).view(n, k // 2)
+
+
+def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
+    """Bytes ``[N, K // 2]`` -> the nibbles 0..15 ``[N, K]`` (uint8), in the weight's column order."""
+    n, half = packed.shape
+    groups = packed.view(n, half // (GROUP_SIZE // 2), GROUP_SIZE // 2)
+    return torch.stack([groups & 0xF, groups >> 4], dim=2).view(n, 2 * half)
+
+
+def dequantize_int4(packed: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    n = packed.shape[0]
+    values = unpack_int4(packed).float() - INT4_OFFSET  # -7..7
+    return (values.view(n, -1, GROUP_SIZE) * scales[:, :, None]).view(n, -1).to(dtype)
+
+
+def quantize_weight(weight: torch.Tensor, method: str) -> tuple[torch.Tensor, torch.Tensor]:
+    check_method(method)
+    return quantize_int8(weight) if method == "int8" else quantize_int4(weight)
+
+
+def dequantize_weight(qweight: torch.Tensor, scales: torch.Tensor, method: str,
+                      dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    return (dequantize_int8 if method == "int8" else dequantize_int4)(qweight, scales, dtype)
+
+
+def bytes_per_weight(method: str | None, dtype: torch.dtype = torch.bfloat16) -> float:
+    """Bytes one weight costs in memory and per step, scales included (arithmetic, independent of shape)."""
+    if method is None:
+        return torch.empty((), dtype=dtype).element_size()
+    check_method(method)
+    return 1.0 if method == "int8" else 0.5 + 4 / GROUP_SIZE  # int8's per-row scale is ~0 per weight
+
+
+# --------------------------------------------------------------------------- the module
+
+
+class QuantizedLinear(nn.Module):
+    """``nn.Linear`` with a quantized weight: ``qweight`` (int8 ``[N, K]`` or packed uint8 ``[N, K // 2]``) and
+    float32 ``scales``; the bias, if any, stays in the activations' dtype.
+
+    ``forward`` runs ``matmul_kernels.quantized_matmul`` (the Triton kernels) when ``kernel == "triton"``
+    (the default on a GPU), else the torch reference: dequantize the whole weight, then ``F.linear``. On a CPU
+    the Triton kernels could only run in Triton's interpreter, far too slowly for an engine, so the torch
+    path computes the same thing there (up to the order of the sums); the tests check the kernels separately.
+    """
+
+    def __init__(self, qweight: torch.Tensor, scales: torch.Tensor, method: str, in_features: int,
+                 bias: torch.Tensor | None = None, kernel: str = "torch") -> None:
+        super().__init__()
+        self.method, self.in_features, self.out_features = method, in_features, qweight.shape[0]
+        self.register_buffer("qweight", qweight)
+        self.register_buffer("scales", scales)
+        self.register_buffer("bias", bias)
+        self.kernel = kernel
+
+    @classmethod
+    @torch.no_grad()
+    def from_linear(cls, linear: nn.Linear, method: str, kernel: str = "torch") -> QuantizedLinear:
+        qweight, scales = quantize_weight(linear.weight, method)
+        bias = None if linear.bias is None else linear.bias.detach().clone()
+        return cls(qweight, scales, method, linear.in_features, bias, kernel)
+
+    @property
+    def weight_bytes(self) -> int:
+        return self.qweight.numel() * self.qweight.element_size() + self.scales.numel() * self.scales.element_size()
+
+    def dequantized_weight(self, dtype: torch.dtype) -> torch.Tensor:
+        return dequantize_weight(self.qweight, self.scales, self.method, dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.kernel == "triton":
+            from .matmul_kernels import quantized_matmul
+
+            lead = x.shape[:-1]
+            out = quantized_matmul(x.reshape(-1, self.in_features), self.qweight, self.scales, self.method)
+            out = out.view(*lead, self.out_features)
+            return out if self.bias is None else out + self.bias
+        return F.linear(x, self.dequantized_weight(x.dtype), self.bias)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, method={self.method}, " \
+               f"kernel={self.kernel}"
