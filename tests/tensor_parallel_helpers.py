@@ -22,16 +22,21 @@ def held_weights(engine) -> dict[str, torch.Tensor]:
             for name, param in engine.model.named_parameters()}
 
 
-def graph_steps(engine) -> int:
-    return engine.stats.graph_steps
+def graph_steps(engine) -> tuple[int, int]:
+    """(decode steps replayed, mixed steps run in pieces) on one rank."""
+    return engine.stats.graph_steps, engine.stats.piecewise_steps
 
 
 class GraphsWithoutCapture(LLMEngine):
-    """m10's graph runner on every rank, built as on a GPU but not captured: the CPU steps through its static
-    buffers (the fused kernels in Triton's interpreter), as m10's and m12's CPU tests do."""
+    """m10's decode-graph runner and m12's piecewise runner on every rank, built as on a GPU but not captured: the
+    CPU steps through their static buffers and pieces (the fused kernels in Triton's interpreter), as m10's and
+    m12's CPU tests do."""
 
     def can_use_cuda_graphs(self) -> bool:
         return True
 
     def build_graph_runner(self, capture: bool = True):
         return super().build_graph_runner(capture=False)
+
+    def build_piecewise_runner(self, capture: bool = True):
+        return super().build_piecewise_runner(capture=False)

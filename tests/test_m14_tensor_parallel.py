@@ -33,7 +33,7 @@ from milestones.m14_tensor_parallel.parallel_state import rank_devices
 from paged_helpers import CHATS, assert_blocks_all_free, generate_exactly, greedy, make_engine, reference
 from tensor_parallel_helpers import GraphsWithoutCapture, graph_steps, held_weights, poison_pool
 
-M12 = "m12_async_scheduling"
+PREVIOUS = "m13_quantization"
 TP2 = dict(tensor_parallel_size=2, distributed_timeout_s=120.0)
 KNOBS = dict(max_num_seqs=4, block_size=4, max_num_batched_tokens=10, kv_cache_tokens=56)
 PROMPTS = random_prompts(5, 2, 24, seed=141)
@@ -173,8 +173,10 @@ def test_a_gqa_ratio_of_four_then_a_worker_killed_mid_generate(gqa4_checkpoint, 
 
 def test_a_random_presets_shards_are_tp1s_weights_and_collection_stops_the_workers(tokenizer_cache):
     """Each rank draws m01's random tensors whole, in m01's order, and keeps its slice: TP=2 holds exactly TP=1's
-    weights, so the two compute the same function. Dropping the engine (no close) stops its worker."""
-    knobs = dict(model="tiny", device="cpu", max_num_seqs=2, kv_cache_tokens=64, enable_prefix_caching=False)
+    weights, so the two compute the same function (here with m13's FP8 K/V cache: each rank stores its own K/V
+    heads in float8). Dropping the engine (no close) stops its worker."""
+    knobs = dict(model="tiny", device="cpu", max_num_seqs=2, kv_cache_tokens=64, enable_prefix_caching=False,
+                 kv_cache_dtype="fp8")
     single = LLMEngine(EngineConfig(**knobs))
     engine = LLMEngine(EngineConfig(**knobs, **TP2))
     whole, ranks = held_weights(single), engine.collective_rpc(held_weights)
@@ -206,7 +208,7 @@ def test_a_random_presets_shards_are_tp1s_weights_and_collection_stops_the_worke
 def test_tensor_parallel_size_1_is_the_previous_milestone(tied_checkpoint, tokenizer_cache):
     before = set(children_of(os.getpid()))
     engine = make_engine("m14_tensor_parallel", tied_checkpoint[0], **KNOBS)
-    previous = make_engine(M12, tied_checkpoint[0], **KNOBS)
+    previous = make_engine(PREVIOUS, tied_checkpoint[0], **KNOBS)
     assert engine.parallel is None and engine.workers is None and not dist.is_initialized()
     assert not any(isinstance(m, RowParallelLinear) for m in engine.model.modules())
     assert engine.kv_pool.k.shape == previous.kv_pool.k.shape
@@ -215,7 +217,7 @@ def test_tensor_parallel_size_1_is_the_previous_milestone(tied_checkpoint, token
         previous.generate(CHATS, params, use_tqdm=False))
     for name in ("steps", "tokens_computed", "num_preemptions", "prefix_cache_hit_tokens", "running_per_step"):
         assert getattr(engine.stats, name) == getattr(previous.stats, name), name
-    assert engine.collective_rpc(graph_steps) == [engine.stats.graph_steps]
+    assert engine.collective_rpc(graph_steps) == [(engine.stats.graph_steps, engine.stats.piecewise_steps)]
     assert set(children_of(os.getpid())) <= before
     engine.close()  # nothing to stop: still usable
     assert engine.generate(CHATS[:1], greedy(2), use_tqdm=False)[0].token_ids
@@ -269,6 +271,9 @@ def test_bad_sizes_are_refused_before_any_process_starts(tied_checkpoint, tokeni
         make_engine("m14_tensor_parallel", tied_checkpoint[0], tensor_parallel_size=3)
     with pytest.raises(ValueError, match="tensor_parallel_size must be an integer >= 1"):
         EngineConfig(tensor_parallel_size=0)
+    with pytest.raises(ValueError, match=r"^quantization='int8' cannot be split across ranks yet: use it with "
+                                         r"tensor_parallel_size=1$"):
+        make_engine("m14_tensor_parallel", tied_checkpoint[0], quantization="int8", tensor_parallel_size=2)
     if torch.cuda.device_count() < 2:
         with pytest.raises(ValueError, match=r"needs GPUs cuda:0\.\.cuda:1, but torch sees"):
             rank_devices(torch.device("cuda"), 2)
@@ -289,8 +294,9 @@ def test_one_tensor_parallel_engine_per_process(tied_checkpoint, tokenizer_cache
 
 
 def test_replayed_steps_take_the_filled_ids_on_every_rank(tied_checkpoint, tokenizer_cache):
-    """Decode steps through the graph runner's buffers: rank 0 fills the pending rows from step N's samples,
-    then broadcasts them; a worker computing from the placeholders would change the tokens."""
+    """Decode steps through the graph runner's buffers, mixed steps through m12's pieces (the all-reduces inside
+    them): rank 0 fills the pending rows from step N's samples, then broadcasts them; a worker computing from
+    the placeholders would change the tokens."""
     directory, model = tied_checkpoint
     engine = GraphsWithoutCapture(EngineConfig(model=str(directory), device="cpu", attention_backend="triton",
                                                max_num_seqs=4, block_size=4, kv_cache_tokens=128, **TP2))
@@ -298,8 +304,8 @@ def test_replayed_steps_take_the_filled_ids_on_every_rank(tied_checkpoint, token
         lengths = (5, 3, 6)
         outputs = engine.generate(PROMPTS[:3], [greedy(n) for n in lengths], use_tqdm=False)
         assert tokens(outputs) == [reference(model, p, n) for p, n in zip(PROMPTS[:3], lengths)]
-        steps = engine.collective_rpc(graph_steps)
-        assert steps[0] >= 3 and steps[1] == steps[0]
+        (decode, pieces), worker = engine.collective_rpc(graph_steps)
+        assert decode >= 3 and pieces >= 1 and worker == (decode, pieces)
     finally:
         engine.close()
 

@@ -123,7 +123,7 @@ FIGURES: dict[str, tuple[Figure, ...]] = {
                    versus="tensor_parallel_size=1"),
             Figure("m14_nanovllm+tp1", "m14_nanovllm+tp2", "output_tokens_per_s", TOKS, "nanovllm, two H200s",
                    versus="tensor_parallel_size=1"),
-            Figure("m12_nanovllm+beside-m14", "m14_nanovllm", "output_tokens_per_s", TOKS,
+            Figure("m13_nanovllm+beside-m14", "m14_nanovllm", "output_tokens_per_s", TOKS,
                    "nanovllm at tensor_parallel_size=1", versus="the milestone before it", note="must be 1.0x: one rank is the milestone before it")),
 }
 

@@ -45,7 +45,9 @@ from .step_broadcast import gather_results, send_call, send_shutdown, send_step
 from .worker import CallFailed, one_line
 from .worker_processes import STOP_GRACE_S, WorkerProcesses
 
-UNSHARDABLE = ("quantization",)  # config fields whose formats this milestone does not split (refused at N > 1)
+# m13's int8/int4 weights (packed matrices with per-row or per-group scales) are not split here: refused at N > 1.
+# Its FP8 K/V cache needs nothing: each rank's pool holds its own K/V heads, with scales of its own.
+UNSHARDABLE = ("quantization",)
 
 
 class TensorParallelError(RuntimeError):
@@ -150,6 +152,7 @@ class LLMEngine(PreviousEngine):
     def load_model(self) -> LoadedModel:
         if self.parallel is None:
             return super().load_model()
+        self.check_kv_cache_dtype()  # m13's refusal of an FP8 cache this device cannot run, before any loading
         checkpoint = getattr(self, "checkpoint_dir", None)
         if checkpoint is None and self.config.model not in PRESETS:  # a worker: rank 0 resolved the directory
             checkpoint = resolve_checkpoint(self.config.model)
