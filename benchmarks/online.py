@@ -295,6 +295,8 @@ def run_target(args: argparse.Namespace, parser: argparse.ArgumentParser, milest
             if engine.serves_in_server_process:  # m09, m10: the server drives this engine from a thread
                 client = AsyncLLMEngine(engine)
             else:  # m11 on: the server starts an engine of its own in a process of its own; free this one first
+                if callable(getattr(engine, "close", None)):
+                    engine.close()  # m14: its worker processes hold GPUs too
                 engine = None
                 free_memory()
                 client = build_engine_client(module, args, parser, **defaults)

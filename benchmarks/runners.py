@@ -252,6 +252,8 @@ class MilestoneRunner(Runner):
         if workload.kv_budget_gib is None and kv_tokens is None:
             return {"source": "engine default", "knob": None}
         per_token = kv_bytes_per_token(model_config(model), config.resolve_dtype(config.resolve_device()))
+        # Split across ranks (m14), a rank holds 1/N of each token's K/V: the same tokens at any split.
+        per_token //= getattr(config, "tensor_parallel_size", 1)
         if workload.kv_budget_gib is not None:
             budget = int(workload.kv_budget_gib * 2**30)
             sizing = {"source": f"workload budget: {workload.kv_budget_gib} GiB", "budget_bytes": budget}
@@ -367,6 +369,9 @@ class MilestoneRunner(Runner):
         return PhaseResult([latest[i] for i in range(len(specs))], wall, self._stats())
 
     def close(self) -> None:
+        close = getattr(self.engine, "close", None)
+        if callable(close):  # m14: stop the worker processes now, not whenever the engine is collected
+            close()
         del self.engine
 
 

@@ -119,6 +119,7 @@ def probe(milestone: str, start: int, num_steps: int, model: str, overrides: dic
           f"({result['host_us_per_running_request']:.1f} us per running request, under the profiler)", flush=True)
     for name, ms in result["top_kernels_ms_per_step"].items():
         print(f"    {ms:7.3f} ms  {name[:110]}")
+    runner.close()  # m14: its worker processes go now
     del runner, engine
     if torch.cuda.is_available():
         torch.cuda.empty_cache()

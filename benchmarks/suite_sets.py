@@ -107,6 +107,13 @@ def budgets(milestone: str, values: tuple[int | None, ...]) -> tuple[Member, ...
                  for v in values)
 
 
+def tensor_parallel(milestone: str, size: int, *more: tuple[str, object], suffix: str = "") -> Member:
+    """``milestone`` split across ``size`` GPUs (m14 on), tagged ``tp<size>`` (then what ``more`` sets, and
+    ``suffix``: a result name must not collide with a run on another model)."""
+    extra = "".join(f"-{k.split('_')[-1]}" for k, _ in more)
+    return Member(milestone, (("tensor_parallel_size", size), *more), f"tp{size}{extra}{suffix}")
+
+
 SETS: dict[str, list[Entry]] = {  # named by what they measure; calls/*.json record which sets each call ran
     "smoke": [  # every engine on a few requests: does it all run here? (~80 s)
         Run("m01", "single-sweep", 6, max_requests=2),
@@ -215,5 +222,25 @@ SETS: dict[str, list[Entry]] = {  # named by what they measure; calls/*.json rec
     "m13-fp8-kv": [
         Compare(("m13", FP8_KV), "nanovllm", run_s=(15, 13), build_s=20),
         Compare(("m13", FP8_KV), "memory-bound", run_s=(12, 10), build_s=20),
+    ],
+    # ---- m14, tensor parallelism. One GPU: tensor_parallel_size=1 must be the milestone before it (gated with
+    # graphs on and off, then interleaved against it).
+    "m14-tp1": [
+        Gate(("m14", Member("m14", (("enforce_eager", True),), "eager")), ("offline", "nanovllm")),
+        Compare((Member("m13", (), "beside-m14"), "m14"), "nanovllm", run_s=(8, 8), build_s=20),
+    ],
+    # Two GPUs: TP=1 against TP=2 on Qwen3-0.6B's shape (batch 1 and the exact nanovllm); TP=2 gated with its
+    # graphs (NCCL inside them) and without.
+    "m14-tp2": [
+        Gate((tensor_parallel("m14", 2, ("enforce_eager", True)),), ("offline", "nanovllm")),
+        Compare((tensor_parallel("m14", 1), tensor_parallel("m14", 2)), "single", run_s=(2, 3), build_s=30),
+        Compare((tensor_parallel("m14", 1), tensor_parallel("m14", 2)), "nanovllm", run_s=(8, 10), build_s=30),
+    ],
+    # The same on Qwen3-8B's shape (run with --model qwen3-8b-random): where a step reads 16 GB of weights.
+    "m14-tp2-8b": [
+        Compare((tensor_parallel("m14", 1, suffix="-8b"), tensor_parallel("m14", 2, suffix="-8b")), "single",
+                run_s=(6, 5), build_s=60),
+        Compare((tensor_parallel("m14", 1, suffix="-8b"), tensor_parallel("m14", 2, suffix="-8b")), "nanovllm",
+                run_s=(40, 30), build_s=60),
     ],
 }

@@ -190,6 +190,20 @@ MUTATIONS = (
         (("        out = out * tl.load(v_scale_ptr)", "        out = out"),),
         ("tests/test_m13_quantization.py",),
     ),
+    Mutation(
+        "tp-workers-take-placeholder-ids", "m14's rank 0 never broadcasts the input ids it filled from the previous "
+        "step's samples: the workers compute decodes from placeholders", "milestones/m14_tensor_parallel/engine.py",
+        (("if self.parallel is not None and self.step_ids_on_device:", "if False:"),),
+        ("tests/test_m14_tensor_parallel.py::"
+         "test_tokens_equal_transformers_under_chunking_prefix_hits_and_preemption",),
+    ),
+    Mutation(
+        "tp-random-shards-seeded-per-rank", "each rank draws a random preset from its own seed: TP=2 no longer holds "
+        "TP=1's weights", "milestones/m14_tensor_parallel/sharded_loader.py",
+        (("source = RandomShards(seed, ", "source = RandomShards(seed + rank, "),),
+        ("tests/test_m14_tensor_parallel.py::"
+         "test_a_random_presets_shards_are_tp1s_weights_and_collection_stops_the_workers",),
+    ),
 )
 
 

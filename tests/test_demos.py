@@ -261,3 +261,20 @@ def test_m12_demo_refuses_a_timeline_longer_than_the_answers(capsys):
         m12_demo(["--device", "cpu", "--max-tokens", "4", "--timeline-steps", "4"])
     assert exit_info.value.code == 2
     assert "--timeline-steps (4) must be below --max-tokens (4)" in capsys.readouterr().err
+
+
+def test_m14_demo_shows_the_shards_the_all_reduces_and_both_splits(tied_checkpoint, tokenizer_cache, capsys):
+    """Two gloo ranks on the CPU: each rank's half of a layer, exactly two all-reduces per layer per step (from the
+    profiler), and TP=2's tokens equal TP=1's."""
+    from milestones.m14_tensor_parallel.__main__ import main as m14_demo
+
+    rows = m14_demo(["--model", str(tied_checkpoint[0]), "--device", "cpu", "--num-prompts", "2", "--prompt-len", "6",
+                     "--max-tokens", "4", "--repeats", "1"])
+    out = capsys.readouterr().out
+    assert "same tokens: yes" in out and "all-reduces (2 per layer" in out
+    shards = [r for r in rows if "q/k/v (packed)" in r]
+    assert [r["rank"] for r in shards] == ["TP=1", 0, 1]
+    assert shards[1]["q/k/v (packed)"] == shards[2]["q/k/v (packed)"] == "64x64"  # half of TP=1's 128x64
+    assert shards[0]["q/k/v (packed)"] == "128x64" and shards[2]["LM head"] == "none"
+    all_reduce = next(r for r in rows if r.get("collective (rank 0)") == "all-reduce")
+    assert all_reduce["calls per step"] == 2 * 2  # 2 layers

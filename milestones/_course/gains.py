@@ -139,6 +139,15 @@ FIGURES: dict[str, tuple[Figure, ...]] = {
             Figure("hf-compiled_offline+beside-m12", "m12_offline", "output_tokens_per_s", TOKS, "offline",
                    versus="hf-compiled", same_comparison=True,
                    note="steps with prompt chunks ran eagerly, most of the wall time: see m12's page")),
+    # m14's gain is a split against no split (two GPUs); at tensor_parallel_size=1 it must equal the milestone
+    # before it, which is what its one-GPU figure checks.
+    "m14": (Figure("m14_single+tp1-8b", "m14_single+tp2-8b", "itl_mean_s", "mean inter-token latency",
+                   "single on Qwen3-8B's shape (batch 1), two H200s", lower_is_better=True,
+                   versus="tensor_parallel_size=1"),
+            Figure("m14_nanovllm+tp1", "m14_nanovllm+tp2", "output_tokens_per_s", TOKS, "nanovllm, two H200s",
+                   versus="tensor_parallel_size=1"),
+            Figure("m13_nanovllm+beside-m14", "m14_nanovllm", "output_tokens_per_s", TOKS,
+                   "nanovllm at tensor_parallel_size=1", versus="the milestone before it", note="must be 1.0x: one rank is the milestone before it")),
 }
 
 

@@ -50,7 +50,9 @@ ENGINE_FLAGS: tuple[tuple[str, str, object, str, str], ...] = (
     ("--quantization", "quantization", str, "int8 or int4 weights (m13 on)", "weights in --dtype"),
     ("--kv-cache-dtype", "kv_cache_dtype", str, "auto, or fp8 (fp8_e4m3): the K/V cache in float8 (m13 on)", ""),
     ("--calculate-kv-scales", "calculate_kv_scales", "flag", "FP8 K/V scales from the first prompt (m13 on)", ""),
+    ("--tensor-parallel-size", "tensor_parallel_size", int, "ranks (GPUs) sharing every layer (m14 on)", ""),
 )
+SHORT_FLAGS = {"--tensor-parallel-size": "-tp"}  # vLLM's short spelling
 
 
 def engine_default(config_cls, field: str, none_means: str) -> str:
@@ -69,12 +71,13 @@ def add_engine_flags(parser: argparse.ArgumentParser, model_default: str | None 
                        help="a preset (tiny, qwen3-0.6b-random), a checkpoint directory, or a hub id")
     for flag, field, kind, help_text, none_means in ENGINE_FLAGS:
         text = f"{help_text} (default: {engine_default(config_cls, field, none_means)})"
+        names = [SHORT_FLAGS[flag], flag] if flag in SHORT_FLAGS else [flag]
         if kind is argparse.BooleanOptionalAction:
-            group.add_argument(flag, action=kind, default=None, help=text)
+            group.add_argument(*names, action=kind, default=None, help=text)
         elif kind == "flag":
-            group.add_argument(flag, action="store_const", const=True, default=None, help=text)
+            group.add_argument(*names, action="store_const", const=True, default=None, help=text)
         else:
-            group.add_argument(flag, type=kind, default=None, help=text)
+            group.add_argument(*names, type=kind, dest=field, default=None, help=text)
 
 
 def engine_config(config_cls, args: argparse.Namespace, parser: argparse.ArgumentParser, **defaults):

@@ -23,6 +23,7 @@ import json
 import numbers
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
@@ -55,7 +56,7 @@ class LLMEngine:
             torch.backends.cuda.enable_cudnn_sdp(False)
         loaded = self.load_model()
         self.model, self.model_config = loaded.model, loaded.config
-        self.tokenizer = load_tokenizer(loaded.checkpoint_dir)
+        self.tokenizer = self.load_tokenizer(loaded.checkpoint_dir)
         self.vocab_size = self.model_config.vocab_size
         self.max_model_len = self._resolve_max_model_len()
         self.eos_token_ids = self._eos_token_ids(loaded.checkpoint_dir)
@@ -68,6 +69,11 @@ class LLMEngine:
         once, before anything else is sized, so a later milestone can change the weights as they load (m13
         quantizes them there, before the K/V cache takes what memory they leave)."""
         return load_model(self.config.model, self.device, self.dtype, seed=self.config.seed)
+
+    def load_tokenizer(self, checkpoint_dir: Path | None):
+        """The checkpoint's tokenizer, or Qwen3's built-in one (``tokenizer.py``). A seam: a process that never
+        sees text needs none (m14's worker processes)."""
+        return load_tokenizer(checkpoint_dir)
 
     # ------------------------------------------------------------------ public API
 
