@@ -109,7 +109,7 @@ def run_engine_core(engine_class, config, input_address: str, output_address: st
     torch.set_num_threads(num_threads)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the front end decides when to stop
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))  # the runtime kills us: nothing to save
-    _exit_with_parent(socket_folder=None if input_address.startswith("ipc://@") else
+    exit_with_parent(socket_folder=None if input_address.startswith("ipc://@") else
                       input_address.removeprefix("ipc://").rsplit("/", 1)[0])
     context = zmq.Context()
     inputs = context.socket(zmq.PULL)
@@ -138,7 +138,7 @@ def run_engine_core(engine_class, config, input_address: str, output_address: st
         context.term()
 
 
-def _exit_with_parent(socket_folder: str | None) -> None:
+def exit_with_parent(socket_folder: str | None = None) -> None:
     """End this process when its parent ends, however the parent ended (a thread waits on its sentinel); a parent
     killed outright (SIGKILL) could not remove the sockets' folder (where they are files), so the core does."""
     parent = multiprocessing.parent_process()

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from milestones.m11_engine_core.core import _exit_with_parent
+from milestones.m11_engine_core.core import exit_with_parent
 
 from .parallel_state import TensorParallelGroup
 from .step_broadcast import CALL, SHUTDOWN, gather_results, receive
@@ -50,7 +50,7 @@ def run_worker(engine_class, config, rank: int, store_port: int, error_pipe, num
     torch.set_num_threads(num_threads)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
-    _exit_with_parent()
+    exit_with_parent()
     try:
         group = TensorParallelGroup.for_worker(rank, config.tensor_parallel_size, config.resolve_device(), store_port,
                                                config.distributed_timeout_s)
