@@ -21,6 +21,7 @@ launch; a lock keeps interpreted launches one at a time, since both patches are 
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable
 from contextlib import contextmanager
@@ -31,6 +32,27 @@ from triton.runtime.interpreter import InterpretedFunction
 from triton.runtime.jit import JITFunction
 
 _INTERPRETER_LOCK = threading.Lock()
+
+
+class InterpreterUnavailable(ValueError):
+    """This Triton's interpreter cannot run the kernels here (a ``ValueError``: a request the machine refuses)."""
+
+
+@functools.cache
+def interpreter_problem() -> str | None:
+    """Why Triton's interpreter cannot run these kernels in this environment, or None.
+
+    Triton 3.6's interpreter reads a loop bound loaded from memory (``range(start, end, TILE)``) as a 1-element
+    array, which numpy 2 refuses to turn into an int; Triton 3.7 reads it as a scalar, and numpy 1 let it pass."""
+    import numpy
+
+    def numbers(text: str) -> tuple[int, ...]:
+        return tuple(int(part) for part in text.split(".")[:2] if part.isdigit())
+
+    if numbers(triton.__version__) < (3, 7) and numbers(numpy.__version__) >= (2,):
+        return (f"Triton {triton.__version__}'s interpreter cannot run these kernels beside numpy "
+                f"{numpy.__version__} (Triton 3.7 or later can, or numpy < 2): on a CPU use attention_backend='torch'")
+    return None
 _INTERPRETED: dict[int, InterpretedFunction] = {}  # id(JITFunction) -> its interpreted twin (a JITFunction's
                                                    # hash compiles its source, so it cannot be a key itself)
 
@@ -78,6 +100,9 @@ class DeviceKernel:
             if not self.runs_interpreted(device):
                 self.compiled[grid](*args, **kwargs)
                 return
+            problem = interpreter_problem()
+            if problem is not None:
+                raise InterpreterUnavailable(problem)
             kernel = self.compiled if self.always_interpreted else _interpreted(self.compiled)
             with _jit_calls_interpreted():
                 kernel[grid](*args, **kwargs)

@@ -22,7 +22,11 @@ def triton_unavailable_reason(device_type: str) -> str | None:
     interpreter, chosen at each launch (``device_kernel.py``)."""
     if importlib.util.find_spec("triton") is None:
         return "Triton is not installed (pip install 'nanoserve[kernels]')"
-    return None
+    if device_type == "cuda":
+        return None
+    from .device_kernel import interpreter_problem  # imports triton: only once it is known to be there
+
+    return interpreter_problem()
 
 
 class LLMEngine(ChunkedPrefillEngine):
