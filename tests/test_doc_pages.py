@@ -20,7 +20,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 DOCS = REPO / "docs"
 RESULTS = REPO / "benchmarks" / "results" / "h200"
-PAGES = {f"m{n:02d}": next(DOCS.glob(f"m{n:02d}-*.md")) for n in range(1, 13)}
+PAGES = {f"m{n:02d}": next(DOCS.glob(f"m{n:02d}-*.md")) for n in range(1, 15)}
 WORKSHOP_PAGES = {name: page for name, page in PAGES.items() if name <= "m10"}  # the workshop's plans end at m10
 ORDER = ["The idea", "A picture", "What changed", "What the code adds", "Run it and measure it", "Cost analysis",
          "In vLLM", "Build it", "Exercises", "Measured on the H200"]
