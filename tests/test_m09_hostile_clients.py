@@ -28,7 +28,7 @@ from milestones.common.serve_cli import serve_parser, server_guards
 from milestones.common.server_thread import ServerThread
 from milestones.m09_server import EngineConfig, LLMEngine
 from milestones.m09_server.app import build_app
-from milestones.m09_server.protocol import MAX_STOP_STRINGS, CompletionRequest
+from milestones.common.openai_protocol import MAX_STOP_STRINGS, CompletionRequest
 from test_m09_server import assert_openai_error, scrape
 
 KEY = "workshop-key-0123"

@@ -45,10 +45,10 @@ class Box:
 BOXES = [
     # ---- the HTTP side: uvicorn's event loop (m09_server) ----------------------------------------------------
     Box("post", 0.02, 0.915, 0.29, 0.075, "POST /v1/completions  (stream: true)",
-        "app.py build_app: the route; protocol.py CompletionRequest: pydantic checks every field (400 and an "
+        "app.py build_app: the route; common/openai_protocol.py CompletionRequest: pydantic checks every field (400 and an "
         "OpenAI error body)", SERVER),
     Box("serving", 0.02, 0.82, 0.29, 0.095, "OpenAIServing.completions  (serving.py)",
-        "check_model, tokenize, check_context (prompt + max_tokens <= max_model_len), body.sampling_params(); "
+        "check_model, tokenize, check_context (prompt + max_tokens <= max_model_len), engine_sampling_params(); "
         "start(): an IncrementalDetokenizer, then add_request", SERVER),
     Box("async_add", 0.02, 0.705, 0.29, 0.085, "AsyncLLMEngine.add_request  (async_engine.py)",
         "puts (\"add\", stream, ids, params) in the inbox and awaits the engine's answer: a request id, or its "

@@ -8,6 +8,7 @@
   and the idle-connection timeout every server runs with;
 * ``serve_cli.py``: ``python -m milestones.m09_server serve``'s command line, with vLLM's flag names;
 * ``http_guards.py``: the server's doors: an API key on ``/v1``, a request body's size and time limits;
+* ``openai_protocol.py``: OpenAI's request shapes as pydantic models (what a client may send), ``usage``;
 * ``openai_errors.py``: every error a server answers, in OpenAI's shape (``APIError`` and the FastAPI handlers);
 * ``stream_client.py``: concurrent streams through the official ``openai`` client, timed (m09's demo).
 

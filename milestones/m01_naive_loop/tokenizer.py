@@ -68,35 +68,14 @@ QWEN2_PATTERN = (
 
 NUM_RANKS = 151_643  # ids 0..151642 are BPE tokens; added tokens follow.
 
-# Qwen3's added tokens, in id order starting at NUM_RANKS: (text, is_special).
-QWEN3_ADDED_TOKENS: tuple[tuple[str, bool], ...] = (
-    ("<|endoftext|>", True),
-    ("<|im_start|>", True),
-    ("<|im_end|>", True),
-    ("<|object_ref_start|>", True),
-    ("<|object_ref_end|>", True),
-    ("<|box_start|>", True),
-    ("<|box_end|>", True),
-    ("<|quad_start|>", True),
-    ("<|quad_end|>", True),
-    ("<|vision_start|>", True),
-    ("<|vision_end|>", True),
-    ("<|vision_pad|>", True),
-    ("<|image_pad|>", True),
-    ("<|video_pad|>", True),
-    ("<tool_call>", False),
-    ("</tool_call>", False),
-    ("<|fim_prefix|>", True),
-    ("<|fim_middle|>", True),
-    ("<|fim_suffix|>", True),
-    ("<|fim_pad|>", True),
-    ("<|repo_name|>", True),
-    ("<|file_sep|>", True),
-    ("<tool_response>", False),
-    ("</tool_response>", False),
-    ("<think>", False),
-    ("</think>", False),
-)
+# Qwen3's added tokens, in id order starting at NUM_RANKS: (text, is_special). The ``<|...|>`` markers are
+# special; the tags the model writes itself (``<think>``, ``<tool_call>``...) are not.
+QWEN3_ADDED_TOKENS: tuple[tuple[str, bool], ...] = tuple((text, text.startswith("<|")) for text in (
+    "<|endoftext|> <|im_start|> <|im_end|> <|object_ref_start|> <|object_ref_end|> <|box_start|> <|box_end|> "
+    "<|quad_start|> <|quad_end|> <|vision_start|> <|vision_end|> <|vision_pad|> <|image_pad|> <|video_pad|> "
+    "<tool_call> </tool_call> <|fim_prefix|> <|fim_middle|> <|fim_suffix|> <|fim_pad|> <|repo_name|> "
+    "<|file_sep|> <tool_response> </tool_response> <think> </think>"
+).split())
 
 MODEL_MAX_LENGTH = 40_960
 CACHE_SUBDIR = "qwen3-tokenizer-v1"  # bump the suffix if the build changes

@@ -25,10 +25,10 @@ from starlette.responses import JSONResponse, Response
 
 from milestones.common.http_guards import ServerGuards
 from milestones.common.openai_errors import APIError, install_error_handlers
+from milestones.common.openai_protocol import ChatCompletionRequest, CompletionRequest
 
 from .async_engine import AsyncLLMEngine, EngineClient
 from .metrics import ServerMetrics
-from .protocol import ChatCompletionRequest, CompletionRequest
 from .serving import OpenAIServing
 
 

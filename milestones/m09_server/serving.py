@@ -36,11 +36,18 @@ from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from milestones.common.openai_errors import APIError, error_body
+from milestones.common.openai_protocol import ChatCompletionRequest, CompletionRequest, SamplingRequest, usage
 
 from .async_engine import AsyncLLMEngine, EngineClosed, EngineError, RequestStream
 from .detokenizer import IncrementalDetokenizer
+from .engine import SamplingParams
 from .metrics import ServerMetrics
-from .protocol import ChatCompletionRequest, CompletionRequest, SamplingRequest, usage
+
+
+def engine_sampling_params(body: SamplingRequest, max_tokens: int) -> SamplingParams:
+    """The engine's ``SamplingParams`` (string stops are not among them: the detokenizer applies those)."""
+    return SamplingParams(max_tokens=max_tokens, temperature=body.temperature, top_k=body.top_k, top_p=body.top_p,
+                          seed=body.seed, ignore_eos=body.ignore_eos, stop_token_ids=list(body.stop_token_ids))
 
 
 def engine_failure(error: Exception) -> APIError:
@@ -298,7 +305,7 @@ class OpenAIServing:
 
     async def start(self, body: SamplingRequest, ids: list[int], max_tokens: int, arrival: float) -> Generation:
         try:
-            params = body.sampling_params(max_tokens)
+            params = engine_sampling_params(body, max_tokens)
             detokenizer = IncrementalDetokenizer(self.tokenizer, body.stop)
             stream = await self.async_engine.add_request(ids, params)
         except ValueError as error:  # the engine's own validation: the request is at fault

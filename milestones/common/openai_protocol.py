@@ -1,10 +1,10 @@
 """The OpenAI API's shapes, as pydantic models: what a client may send, and what the server answers.
 
 Requests are validated by pydantic before any work: a wrong type, a missing field or a value out of range
-becomes a 400 with an OpenAI-style error body (``app.py``). The field names and defaults follow OpenAI's
+becomes a 400 with an OpenAI-style error body (m09's ``app.py``). The field names and defaults follow OpenAI's
 API, plus vLLM's extensions that nanoserve's engine supports (``top_k``, ``ignore_eos``, ``stop_token_ids``).
 
-Responses are plain dicts built by ``serving.py``; their shapes are documented here next to the requests:
+Responses are plain dicts built by m09's ``serving.py``; their shapes are documented here next to the requests:
 
 * completion: ``{"id": "cmpl-...", "object": "text_completion", "created", "model",
   "choices": [{"index": 0, "text", "logprobs": null, "finish_reason"}], "usage"}``
@@ -29,8 +29,6 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator
-
-from milestones.m01_naive_loop.sampling_params import SamplingParams
 
 TokenIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1, fail_fast=True)]
 MAX_STOP_STRINGS, MAX_STOP_STRING_CHARS, MAX_STOP_TOKEN_IDS = 16, 128, 1024
@@ -85,11 +83,6 @@ class SamplingRequest(BaseModel):
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
 
-    def sampling_params(self, max_tokens: int) -> SamplingParams:
-        """The engine's ``SamplingParams`` (string stops are not among them: the detokenizer applies those)."""
-        return SamplingParams(max_tokens=max_tokens, temperature=self.temperature, top_k=self.top_k,
-                              top_p=self.top_p, seed=self.seed, ignore_eos=self.ignore_eos,
-                              stop_token_ids=list(self.stop_token_ids))
 
 
 class CompletionRequest(SamplingRequest):
