@@ -21,10 +21,8 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import re
 import time
-from pathlib import Path
 
 import torch
 
@@ -33,7 +31,7 @@ from milestones.m01_naive_loop.loader import PRESETS
 from milestones.m13_quantization import EngineConfig, LLMEngine, SamplingParams
 from milestones.m13_quantization.accuracy import forced_logits, logit_error
 
-from .env import environment
+from .env import default_path, environment, write_json
 from .harness import ensure_tokenizer
 
 MODES = {"int8": {"quantization": "int8"}, "int4": {"quantization": "int4"}, "fp8-kv": {"kv_cache_dtype": "fp8"},
@@ -135,10 +133,7 @@ def main(argv: list[str] | None = None) -> dict:
         free(args.device)
     result["total_s"] = time.perf_counter() - began
     slug = "" if args.model == "qwen3-0.6b-random" else "+" + re.sub(r"[^A-Za-z0-9.-]+", "-", args.model).strip("-")
-    path = Path(args.out) if args.out else (Path("benchmarks/results") / result["env"]["gpu_slug"]
-                                            / f"m13_accuracy{slug}.json")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=1) + "\n")
+    path = write_json(result, default_path(result, f"m13_accuracy{slug}.json", args.out), indent=1)
     print(f"-> {path} ({result['total_s']:.0f} s)")
     return result
 
