@@ -20,7 +20,6 @@ JSON: ``benchmarks/results/<gpu>/m13_accuracy[+<model>].json``.
 from __future__ import annotations
 
 import argparse
-import gc
 import re
 import time
 
@@ -32,7 +31,7 @@ from milestones.m13_quantization import EngineConfig, LLMEngine, SamplingParams
 from milestones.m13_quantization.accuracy import forced_logits, logit_error
 
 from .env import default_path, environment, write_json
-from .harness import ensure_tokenizer
+from .harness import ensure_tokenizer, free_memory
 
 MODES = {"int8": {"quantization": "int8"}, "int4": {"quantization": "int4"}, "fp8-kv": {"kv_cache_dtype": "fp8"},
          "int4+fp8-kv": {"quantization": "int4", "kv_cache_dtype": "fp8"},
@@ -50,12 +49,6 @@ def engine(args: argparse.Namespace, dtype: str | None = None, **knobs) -> LLMEn
                                   max_num_seqs=args.num_prompts,
                                   kv_cache_memory_bytes=int(args.kv_cache_memory_gib * 2**30),
                                   **knobs))
-
-
-def free(device: str) -> None:
-    gc.collect()
-    if device.startswith("cuda"):
-        torch.cuda.empty_cache()
 
 
 @torch.no_grad()
@@ -124,13 +117,13 @@ def main(argv: list[str] | None = None) -> dict:
                continuations)
         del yardstick
     del reference
-    free(args.device)
+    free_memory()
 
     for mode in modes:
         built = engine(args, **MODES[mode])
         record(result, mode, MODES[mode], built, reference_logits, prompts, continuations)
         del built
-        free(args.device)
+        free_memory()
     result["total_s"] = time.perf_counter() - began
     slug = "" if args.model == "qwen3-0.6b-random" else "+" + re.sub(r"[^A-Za-z0-9.-]+", "-", args.model).strip("-")
     path = write_json(result, default_path(result, f"m13_accuracy{slug}.json", args.out), indent=1)
