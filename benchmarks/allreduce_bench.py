@@ -18,7 +18,6 @@ NVLink multicast (NVLS) stays off: the caller's environment keeps ``NCCL_NVLS_EN
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import socket
 import statistics
@@ -29,7 +28,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from .env import REPO_ROOT, environment, gpu_slug
+from .env import REPO_ROOT, environment, gpu_slug, write_json
 
 ROWS = (1, 8, 32, 64, 128, 256)
 
@@ -86,10 +85,7 @@ def measure(rank: int, world_size: int, port: int, hiddens: list[int], layers: l
         result = {"kind": "allreduce_bench", "gpus": world_size, "backend": "nccl", "dtype": "bfloat16",
                   "iters": iters, "rows": rows, "env": environment(device),
                   "nccl_env": {k: v for k, v in os.environ.items() if k.startswith(("NCCL_", "TORCH_SYMM"))}}
-        path = Path(out) / gpu_slug(device) / f"allreduce_{world_size}gpu.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(result, indent=2) + "\n")
-        print(f"wrote {path}")
+        print(f"wrote {write_json(result, Path(out) / gpu_slug(device) / f'allreduce_{world_size}gpu.json')}")
     dist.destroy_process_group()
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import hashlib
+import json
 import os
 import platform
 import re
@@ -120,3 +121,16 @@ def environment(device: torch.device | str | None = None) -> dict:
     info.update(git_info())
     info["source_sha256"] = source_fingerprint()
     return info
+
+
+def write_json(data: dict, path: str | Path, indent: int = 2, **dumps) -> Path:
+    """Write ``data`` to ``path`` (folders made as needed, a trailing newline); returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=indent, **dumps) + "\n")
+    return path
+
+
+def default_path(result: dict, filename: str, out: str | Path | None = None) -> Path:
+    """``out`` if given, else ``benchmarks/results/<gpu-slug>/<filename>`` (relative to where it runs)."""
+    return Path(out) if out else Path("benchmarks/results") / result["env"]["gpu_slug"] / filename

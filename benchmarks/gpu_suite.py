@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 
 from .compare import Member, comparison_ratios, run_comparison
-from .env import git_info, source_fingerprint
+from .env import git_info, source_fingerprint, write_json
 from .gate import CorrectnessGate, GateItem, gate_failed
 from .harness import DEFAULT_MODEL, result_path, run_benchmark, save_result
 from .report import report
@@ -133,9 +133,8 @@ class Suite:
     def write(self, text: str | None = None, pending: list[dict] | None = None) -> None:
         if self.out_env is None:
             return
-        self.out_env.mkdir(parents=True, exist_ok=True)
         data = {"suite": self.meta, "gate": self.gate_records, "results": self.results + (pending or [])}
-        (self.out_env / "suite.json").write_text(json.dumps(data, indent=1) + "\n")
+        write_json(data, self.out_env / "suite.json", indent=1)
         if text is not None:
             (self.out_env / "summary.md").write_text(text)
 
@@ -328,12 +327,10 @@ def unpack(path: Path, out: Path) -> None:
         # two suite processes of one call (one per GPU) start in the same second: the sets tell them apart
         sets = "+".join(suite.get("sets") or [])
         call = slug_dir / "calls" / (f"{stamp}_{sets}.json" if sets else f"{stamp}.json")
-        call.parent.mkdir(parents=True, exist_ok=True)
         envs = [r["env"] for r in results if r.get("env")]
         record = {"suite": suite, "git_commit": envs[0].get("git_commit") if envs else None,
                   "gate": gate, "comparisons": comparison_ratios(results)}
-        call.write_text(json.dumps(record, indent=1) + "\n")
-        print(f"call record -> {call}")
+        print(f"call record -> {write_json(record, call, indent=1)}")
     print("\n" + report(results, gate))
 
 

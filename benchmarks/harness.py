@@ -33,7 +33,7 @@ import torch
 from milestones.common.latency import summarize
 from milestones.m01_naive_loop.request import RequestOutput
 
-from .env import environment
+from .env import environment, write_json
 from .runners import (WARMUP_OUTPUT_LEN, WARMUP_PROMPT_LENS, PhaseResult, Runner, WorkloadNotSupported, cannot_run,
                       kv_tokens_needed, make_runner, registered_runners)
 from .workloads import Workload, milestone_key, workload_for
@@ -436,7 +436,4 @@ def result_path(result: dict, out_dir: str | Path) -> Path:
 
 def save_result(result: dict, out_dir: str | Path) -> Path:
     """Write ``<out_dir>/<gpu-slug>/<milestone>_<workload>.json``; returns the path."""
-    path = result_path(result, out_dir)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=2) + "\n")
-    return path
+    return write_json(result, result_path(result, out_dir))

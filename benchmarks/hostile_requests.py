@@ -192,7 +192,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     from milestones.m09_server import EngineConfig, LLMEngine
     from milestones.m09_server.app import build_app
 
-    from .env import environment
+    from .env import environment, write_json
 
     torch.set_num_threads(1)  # the tiny model gains nothing from more, and a busy machine's OpenMP stalls add noise
     engine = LLMEngine(EngineConfig(model=MODEL, device="cpu", max_model_len=args.max_model_len))
@@ -214,13 +214,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
         print(f"    during: {line(result['during'])}\n    before: {line(result['quiet_before'])}")
     print(f"(load average {', '.join(f'{x:.1f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs)")
     if args.out is not None:
-        target = args.out / "cpu" / "hostile_requests.json"
-        target.parent.mkdir(parents=True, exist_ok=True)
         record = {"benchmark": "hostile_requests", "model": MODEL, "max_model_len": args.max_model_len,
                   "repeats": args.repeats, "cpu_count": os.cpu_count(), "load_average": os.getloadavg(),
                   "env": environment("cpu"), "results": results}
-        target.write_text(json.dumps(record, indent=2) + "\n")
-        print(f"wrote {target}")
+        print(f"wrote {write_json(record, args.out / 'cpu' / 'hostile_requests.json')}")
     return results
 
 

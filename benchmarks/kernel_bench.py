@@ -35,14 +35,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import itertools
-import json
 import math
 import statistics
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 import triton.testing
@@ -54,7 +52,7 @@ from milestones.m08_triton_kernel.launch_config import (LAUNCH_TABLE, DecodeKern
                                                         choose_num_splits, sm_count)
 from milestones.m08_triton_kernel.paged_decode_kernel import paged_decode_attention
 
-from .env import environment
+from .env import default_path, environment, write_json
 
 BATCHES = (1, 16, 64, 256)
 CONTEXTS = (512, 2048, 8192)
@@ -181,9 +179,9 @@ class PagedCase:
         return self.kv_bytes + 2 * self.q.numel() * self.q.element_size()  # + q read, output written
 
 
-def copies_needed(kv_bytes: int, device: torch.device) -> int:
+def copies_needed(nbytes: int, device: torch.device, max_copies: int = MAX_COPIES) -> int:
     """Enough copies that, rotated, they hold ``L2_MULTIPLE`` times the L2 cache (2 at least; 2 on a CPU)."""
-    return min(MAX_COPIES, max(2, math.ceil(L2_MULTIPLE * l2_bytes(device) / kv_bytes)))
+    return min(max_copies, max(2, math.ceil(L2_MULTIPLE * l2_bytes(device) / nbytes)))
 
 
 def make_case(batch: int, context: int, num_heads: int, num_kv_heads: int, head_dim: int, block_size: int,
@@ -309,10 +307,6 @@ def sweep_shape(case: PagedCase, timing: Timing, copy_gbs: float) -> list[dict]:
     return rows
 
 
-def geometric_mean(values: list[float]) -> float:
-    return math.exp(sum(math.log(v) for v in values) / len(values))
-
-
 def recommend_table(sweep: list[dict]) -> dict:
     """The (direct, split) pair of sweep configurations that a launch table should hold.
 
@@ -332,14 +326,14 @@ def recommend_table(sweep: list[dict]) -> dict:
                 else ("direct", direct_name, direct[(direct_name, s)]) for s in shapes]
 
     def score(times: list[tuple[str, str, float]]) -> float:
-        return geometric_mean([ms / best[s] for s, (_, _, ms) in zip(shapes, times)])
+        return statistics.geometric_mean([ms / best[s] for s, (_, _, ms) in zip(shapes, times)])
 
     current = (config_name(LAUNCH_TABLE["direct"]), config_name(LAUNCH_TABLE["split"]))
     pairs = [(d, s) for d in names for s in names if all((d, shape) in direct for shape in shapes)]
     pairs.sort(key=lambda pair: pair != current)  # on a tie, keep the current table
     direct_name, split_name = min(pairs, key=lambda pair: score(table_times(*pair)))
     chosen = table_times(direct_name, split_name)
-    never_split = [geometric_mean([direct[(d, s)] / best[s] for s in shapes]) for d in {d for d, _ in pairs}]
+    never_split = [statistics.geometric_mean([direct[(d, s)] / best[s] for s in shapes]) for d in {d for d, _ in pairs}]
     return {
         "direct": direct_name, "split": split_name, "score": score(chosen),
         "current": {"direct": current[0], "split": current[1],
@@ -511,10 +505,7 @@ def main(argv: list[str] | None = None) -> dict:
         print_sweep(result["sweep"], result["recommended_table"])
     for name, ok in result["targets"].items():
         print(f"target {name} (GPU time): {'met' if ok else 'NOT met'}")
-    path = Path(args.out) if args.out else Path("benchmarks/results") / result["env"]["gpu_slug"] / "kernel_bench.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=2))
-    print(f"-> {path}")
+    print(f"-> {write_json(result, default_path(result, 'kernel_bench.json', args.out))}")
     if not result["ok"]:
         bad = [r for r in result["cases"] + result["sweep"] if not r["max_abs_diff"] <= BF16_TOLERANCE]
         shapes = ", ".join(f"{r.get('config_name', 'default')} {r['batch']}x{r['context']}: {r['max_abs_diff']:.3g}"

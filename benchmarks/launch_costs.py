@@ -15,8 +15,8 @@ each part timed alone as the median of ``--rounds`` rounds of ``--iterations`` b
   launch);
 * ``module_op_us``: a 16 x 16 ``nn.Linear`` called as a module (Python, the dispatcher, a cuBLAS launch);
 * ``triton_launch_us``: a one-program Triton kernel launched from Python (Triton's launcher, then the launch);
-* ``graph_kernel_us``: the GPU time of one ``torch.add`` kernel inside a replayed CUDA graph of ``--iterations``
-  of them (what a kernel costs once nothing is launched from Python).
+* ``graph_kernel_us``: the GPU time of one ``torch.add`` kernel inside a replayed CUDA graph of many of them
+  (``triton.testing.do_bench_cudagraph``: what a kernel costs once nothing is launched from Python).
 
 Host times are wall time of the calling thread (the GPU runs these tiny kernels faster than the host issues
 them, so the queue never fills and nothing waits for the GPU). A diagnostic for the docs, not a milestone.
@@ -25,7 +25,6 @@ them, so the queue never fills and nothing waits for the GPU). A diagnostic for 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -35,7 +34,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .env import environment
+from .env import environment, write_json
 
 
 def host_us_per_call(call: Callable[[], object], iterations: int, rounds: int, sync: Callable[[], None]) -> float:
@@ -53,28 +52,14 @@ def host_us_per_call(call: Callable[[], object], iterations: int, rounds: int, s
     return statistics.median(per_round)
 
 
-def graph_kernel_us(device: torch.device, iterations: int, rounds: int) -> float:
-    """GPU microseconds per ``torch.add`` kernel, replayed from a CUDA graph of ``iterations`` of them."""
+def graph_kernel_us(device: torch.device) -> float:
+    """GPU microseconds per ``torch.add`` kernel replayed from a CUDA graph of many of them (``do_bench_cudagraph``:
+    the median over its replays)."""
+    import triton.testing
+
     a, b, c = (torch.ones(16, device=device) for _ in range(3))
-    stream = torch.cuda.Stream(device)
-    stream.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(stream):
-        torch.add(a, b, out=c)  # warm up on a side stream before capture
-    torch.cuda.current_stream(device).wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(iterations):
-            torch.add(a, b, out=c)
-    graph.replay()
-    times = []
-    for _ in range(rounds):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / iterations)
-    return statistics.median(times)
+    with torch.cuda.device(device):
+        return triton.testing.do_bench_cudagraph(lambda: torch.add(a, b, out=c), return_mode="median") * 1e3
 
 
 def triton_launcher(device: torch.device) -> Callable[[], object] | None:
@@ -110,7 +95,7 @@ def measure(device: torch.device, iterations: int, rounds: int) -> dict:
     parts["raw_launch_us"] = host_us_per_call(lambda: torch.cuda._sleep(0), iterations, rounds, sync) if cuda else None
     launch = triton_launcher(device)
     parts["triton_launch_us"] = host_us_per_call(launch, iterations, rounds, sync) if launch else None
-    parts["graph_kernel_us"] = graph_kernel_us(device, iterations, rounds) if cuda else None
+    parts["graph_kernel_us"] = graph_kernel_us(device) if cuda else None
     return {
         "name": "launch_costs",
         "env": environment(device),
@@ -140,10 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     result = measure(device, args.iterations, args.rounds)
     for name, value in result["parts"].items():
         print(f"{name:18s} {'not measured' if value is None else f'{value:8.2f} us'}")
-    directory = Path(args.out) / result["env"]["gpu_slug"]
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "launch_costs.json").write_text(json.dumps(result, indent=2) + "\n")
-    print(f"-> {directory / 'launch_costs.json'}")
+    print(f"-> {write_json(result, Path(args.out) / result['env']['gpu_slug'] / 'launch_costs.json')}")
     return 0
 
 

@@ -17,7 +17,6 @@ This is a diagnostic for the docs, not a milestone: graphs arrive as a milestone
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import torch
@@ -29,7 +28,7 @@ from milestones.m01_naive_loop.loader import load_model
 from milestones.m02_kv_cache.kv_cache import CachedAttention, KVCache
 from milestones.m03_static_batching.attention import PaddedCachedAttention
 
-from .env import environment
+from .env import environment, write_json
 
 
 def eager_and_graph(forward) -> dict[str, float]:
@@ -88,10 +87,7 @@ def main(argv: list[str] | None = None) -> None:
     for name, row in result["forwards"].items():
         print(f"{name:24s} eager {row['eager_ms']:7.2f} ms   graph {row['graph_ms']:7.2f} ms   "
               f"launch overhead {row['launch_overhead_ms']:7.2f} ms")
-    directory = Path(args.out) / result["env"]["gpu_slug"]
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "launch_overhead.json").write_text(json.dumps(result, indent=2))
-    print(f"-> {directory / 'launch_overhead.json'}")
+    print(f"-> {write_json(result, Path(args.out) / result['env']['gpu_slug'] / 'launch_overhead.json')}")
 
 
 if __name__ == "__main__":

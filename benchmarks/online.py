@@ -36,7 +36,7 @@ import httpx
 from milestones.common.demo import HelpFormatter
 from milestones.common.latency import summarize as summarize_offline
 
-from .env import REPO_ROOT, environment
+from .env import REPO_ROOT, environment, write_json
 from .harness import free_memory
 from .runners import resolve_milestone_module, sync
 from .workloads import PROMPT_VOCAB, WORKLOADS, RequestSpec, get_workload
@@ -345,10 +345,7 @@ def result_name(result: dict) -> str:
 
 
 def save(result: dict, out_dir: Path) -> Path:
-    path = out_dir / result["env"]["gpu_slug"] / f"{result_name(result)}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=2) + "\n")
-    return path
+    return write_json(result, out_dir / result["env"]["gpu_slug"] / f"{result_name(result)}.json")
 
 
 # --------------------------------------------------------------------------- command line

@@ -20,11 +20,8 @@ JSON: ``benchmarks/results/<gpu>/m13_accuracy[+<model>].json``.
 from __future__ import annotations
 
 import argparse
-import gc
-import json
 import re
 import time
-from pathlib import Path
 
 import torch
 
@@ -33,8 +30,8 @@ from milestones.m01_naive_loop.loader import PRESETS
 from milestones.m13_quantization import EngineConfig, LLMEngine, SamplingParams
 from milestones.m13_quantization.accuracy import forced_logits, logit_error
 
-from .env import environment
-from .harness import ensure_tokenizer
+from .env import default_path, environment, write_json
+from .harness import ensure_tokenizer, free_memory
 
 MODES = {"int8": {"quantization": "int8"}, "int4": {"quantization": "int4"}, "fp8-kv": {"kv_cache_dtype": "fp8"},
          "int4+fp8-kv": {"quantization": "int4", "kv_cache_dtype": "fp8"},
@@ -52,12 +49,6 @@ def engine(args: argparse.Namespace, dtype: str | None = None, **knobs) -> LLMEn
                                   max_num_seqs=args.num_prompts,
                                   kv_cache_memory_bytes=int(args.kv_cache_memory_gib * 2**30),
                                   **knobs))
-
-
-def free(device: str) -> None:
-    gc.collect()
-    if device.startswith("cuda"):
-        torch.cuda.empty_cache()
 
 
 @torch.no_grad()
@@ -126,19 +117,16 @@ def main(argv: list[str] | None = None) -> dict:
                continuations)
         del yardstick
     del reference
-    free(args.device)
+    free_memory()
 
     for mode in modes:
         built = engine(args, **MODES[mode])
         record(result, mode, MODES[mode], built, reference_logits, prompts, continuations)
         del built
-        free(args.device)
+        free_memory()
     result["total_s"] = time.perf_counter() - began
     slug = "" if args.model == "qwen3-0.6b-random" else "+" + re.sub(r"[^A-Za-z0-9.-]+", "-", args.model).strip("-")
-    path = Path(args.out) if args.out else (Path("benchmarks/results") / result["env"]["gpu_slug"]
-                                            / f"m13_accuracy{slug}.json")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=1) + "\n")
+    path = write_json(result, default_path(result, f"m13_accuracy{slug}.json", args.out), indent=1)
     print(f"-> {path} ({result['total_s']:.0f} s)")
     return result
 

@@ -28,23 +28,23 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import math
+import statistics
 import sys
 import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+from milestones.common.demo import positive_int_list
 from milestones.m08_triton_kernel.launch_config import sm_count
 from milestones.m13_quantization.launch_config import (CANDIDATES, LAUNCH_TABLE, QuantMatmulConfig,
                                                        choose_launch, choose_split_k, fits_method, regime)
 from milestones.m13_quantization.matmul_kernels import quantized_matmul
 from milestones.m13_quantization.quantize import dequantize_weight, quantize_weight
 
-from .env import environment
-from .kernel_bench import Timing, copy_bandwidth_gbs, l2_bytes
+from .env import default_path, environment, write_json
+from .kernel_bench import L2_MULTIPLE, Timing, copies_needed, copy_bandwidth_gbs, l2_bytes
 
 QWEN3_8B_SHAPES = {  # name -> (N, K), after m10's packing
     "qkv_proj": (6144, 4096), "o_proj": (4096, 4096), "gate_up_proj": (24576, 4096), "down_proj": (4096, 12288),
@@ -54,8 +54,7 @@ NUM_LAYERS = 36
 BATCHES = (1, 4, 16, 64, 256, 2048)
 CANDIDATE_BATCHES = {"gemv": (1, 4), "small": (4, 16), "large": (64, 256), "prefill": (2048,)}  # where each runs
 TOLERANCE = 2e-2  # max |out - reference| / max |reference|, reference: bf16 F.linear on the dequantized weight
-L2_MULTIPLE = 4
-MAX_COPIES = 64
+MAX_COPIES = 64  # rotated copies of a weight: L2_MULTIPLE x the L2 cache, up to this many
 
 
 @dataclasses.dataclass
@@ -78,10 +77,6 @@ def make_weights(n: int, k: int, method: str, device: torch.device, copies: int,
     tensors = [first] + [(w.clone(), None if s is None else s.clone()) for w, s in [first] * (copies - 1)]
     nbytes = sum(t.numel() * t.element_size() for t in first if t is not None)
     return Weights(method, tensors, nbytes)
-
-
-def copies_for(nbytes: int, device: torch.device) -> int:
-    return min(MAX_COPIES, max(2, math.ceil(L2_MULTIPLE * l2_bytes(device) / nbytes))) if device.type == "cuda" else 2
 
 
 def calls(weights: Weights, x: torch.Tensor, config: QuantMatmulConfig | None) -> list:
@@ -139,10 +134,6 @@ def measure_case(name: str, n: int, k: int, m: int, weights: Weights, timing: Ti
     return rows
 
 
-def geometric_mean(values: list[float]) -> float:
-    return math.exp(sum(math.log(v) for v in values) / len(values))
-
-
 def recommend(rows: list[dict]) -> dict:
     """Per method and regime: the configuration whose times, over every shape and batch of the regime it was
     timed at, are closest to the best time reached there (geometric mean of time / best; 1.0: best everywhere)."""
@@ -160,7 +151,7 @@ def recommend(rows: list[dict]) -> dict:
                 times = {(r["shape"], r["m"]): r["ms"] for r in rows
                          if r["method"] == method and r["config_name"] == name and (r["shape"], r["m"]) in cells}
                 if cells and times.keys() == cells:
-                    scores[name] = geometric_mean([times[c] / best[(method, *c)] for c in cells])
+                    scores[name] = statistics.geometric_mean([times[c] / best[(method, *c)] for c in cells])
             if scores:
                 name = min(scores, key=scores.get)
                 config = next(r["config"] for r in rows if r["config_name"] == name and r["method"] == method)
@@ -200,16 +191,6 @@ def batch1_sums(rows: list[dict]) -> dict:
     return sums
 
 
-def parse_ints(text: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(x) for x in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
-    return values
-
-
 def parse_shapes(text: str) -> dict[str, tuple[int, int]]:
     """``"NxK,NxK"`` -> {"NxK": (N, K)}."""
     try:
@@ -225,7 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.quant_bench", description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="the launch table's configuration only")
     parser.add_argument("--shapes", type=parse_shapes, default=None, help="NxK,... (default: Qwen3-8B's five)")
-    parser.add_argument("--batches", type=parse_ints, default=BATCHES, help="rows of x (default 1,4,16,64,256,2048)")
+    parser.add_argument("--batches", type=positive_int_list, default=BATCHES, help="rows of x (default 1,4,16,64,256,2048)")
     parser.add_argument("--budget-s", type=float, default=150.0, help="stop starting new cases after this long")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--rep-ms", type=int, default=20, help="ms of graph replays per GPU time (do_bench_cudagraph)")
@@ -245,7 +226,7 @@ def run(args: argparse.Namespace) -> dict:
     weights = {}  # made once (quantizing the LM head takes a moment), kept for every batch size
     for name, (n, k) in shapes.items():
         for method, bytes_per_weight in (("bf16", 2), ("int8", 1), ("int4", 0.53)):
-            copies = copies_for(int(n * k * bytes_per_weight), device)
+            copies = copies_needed(int(n * k * bytes_per_weight), device, MAX_COPIES)
             weights[(name, method)] = make_weights(n, k, method, device, copies, args.seed)
     print(f"weights made ({time.perf_counter() - began:.0f} s)", flush=True)
     rows, skipped = [], []
@@ -296,9 +277,7 @@ def main(argv: list[str] | None = None) -> dict:
         speedups = {k: round(v, 2) for k, v in entry.items() if k.endswith("speedup")}
         print(f"batch-1 sum of Qwen3-8B's matmuls, {method}: table {entry['table_ms']} ms, best {entry['best_ms']:.3f} "
               f"ms {speedups or ''}")
-    path = Path(args.out) if args.out else Path("benchmarks/results") / result["env"]["gpu_slug"] / "quant_bench.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=1))
+    path = write_json(result, default_path(result, "quant_bench.json", args.out), indent=1)
     print(f"-> {path} ({result['total_s']:.0f} s)")
     if not result["ok"]:
         bad = [f"{r['shape']} {r['method']} M={r['m']} {r['config_name']}: {r['max_rel_error']:.3g}"

@@ -12,7 +12,6 @@ format does: on the H200, quant_step measured int8 rel_rms 0.146 / top-1 66% and
 (layer 0's, ``weight_rel_err``), of the hidden state after every layer, and of the logits.
 """
 import argparse
-import json
 import time
 from pathlib import Path
 
@@ -25,7 +24,7 @@ from milestones.m01_naive_loop.model import Qwen3DecoderLayer, RotaryEmbedding, 
 from milestones.m13_quantization.quantize import quantize_weight, dequantize_weight
 from milestones.m13_quantization.accuracy import logit_error
 
-from .env import environment
+from .env import environment, write_json
 
 
 T_POSITIONS = 8  # one causal prompt of 8 tokens
@@ -91,10 +90,7 @@ def main() -> None:
             print(m, "logits:", error, flush=True)
     if args.out is not None:
         record["env"] = environment("cpu")
-        target = args.out / "cpu" / "quant_depth_error.json"
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(json.dumps(record, indent=2) + "\n")
-        print(f"wrote {target}")
+        print(f"wrote {write_json(record, args.out / 'cpu' / 'quant_depth_error.json')}")
 
 
 if __name__ == "__main__":

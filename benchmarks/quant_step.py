@@ -21,19 +21,17 @@ unquantized engine first: a failure stops the run. The JSON goes to ``benchmarks
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
-from pathlib import Path
 
 import torch
 
-from milestones.common.demo import cuda_median_ms, random_prompts
+from milestones.common.demo import cuda_median_ms, positive_int_list, random_prompts
 from milestones.m13_quantization import EngineConfig, LLMEngine
 from milestones.m13_quantization.accuracy import compare_logits
 from milestones.m13_quantization.quantized_loader import weight_bytes
 
-from .env import environment
+from .env import default_path, environment, write_json
 from .harness import ensure_tokenizer
 
 MODES = {"bf16": {}, "int8": {"quantization": "int8"}, "int4": {"quantization": "int4"},
@@ -41,14 +39,10 @@ MODES = {"bf16": {}, "int8": {"quantization": "int8"}, "int4": {"quantization": 
 TARGETS = {"int8": 1.6, "int4": 2.5}  # batch-1 speed-up over bf16 on qwen3-8b-random (issue 20)
 
 
-def parse_list(text: str, choices=None, kind=str) -> list:
-    try:
-        values = [kind(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a comma-separated list, got {text!r}") from None
-    if not values or (choices is not None and any(v not in choices for v in values)):
-        raise argparse.ArgumentTypeError(f"expected values from {sorted(choices) if choices else 'positive ints'}, "
-                                         f"got {text!r}")
+def parse_modes(text: str) -> list[str]:
+    values = [v for v in text.split(",") if v.strip()]
+    if not values or any(v not in MODES for v in values):
+        raise argparse.ArgumentTypeError(f"expected values from {sorted(MODES)}, got {text!r}")
     return values
 
 
@@ -77,9 +71,9 @@ def step_ms(engine: LLMEngine, size: int, context: int, repeats: int) -> float:
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.quant_step", description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="qwen3-8b-random")
-    parser.add_argument("--modes", type=lambda t: parse_list(t, MODES), default=["bf16", "int8", "int4"],
+    parser.add_argument("--modes", type=parse_modes, default=["bf16", "int8", "int4"],
                         help=f"comma-separated, the first is the reference ({', '.join(MODES)})")
-    parser.add_argument("--batches", type=lambda t: parse_list(t, kind=int), default=[1, 4, 16])
+    parser.add_argument("--batches", type=positive_int_list, default=[1, 4, 16])
     parser.add_argument("--context", type=int, default=512, help="keys per sequence")
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds")
     parser.add_argument("--repeats", type=int, default=20, help="timed replays per mode, batch and round")
@@ -149,11 +143,8 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 def _write(result: dict, args: argparse.Namespace) -> dict:
-    default = Path("benchmarks/results") / result["env"]["gpu_slug"] / "m13_step_times.json"
-    path = Path(args.out) if args.out else default
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=1, default=str) + "\n")
-    print(f"-> {path}", flush=True)
+    print(f"-> {write_json(result, default_path(result, 'm13_step_times.json', args.out), indent=1, default=str)}",
+          flush=True)
     return result
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from .env import REPO_ROOT, environment
+from .env import REPO_ROOT, environment, write_json
 from .runners import kv_tokens_needed, make_runner, sync
 from .workloads import get_workload
 
@@ -55,16 +55,19 @@ def busy_time_us(events) -> tuple[float, dict[str, float]]:
     return busy, per_kernel
 
 
-def probe(milestone: str, start: int, num_steps: int, model: str, overrides: dict, device: str = "cuda",
-          max_requests: int | None = None) -> dict:
-    workload = get_workload("nanovllm", 0)
+def started(milestone: str, workload, model: str, overrides: dict, device: str, max_requests: int | None = None):
+    """A warmed-up runner of ``milestone`` whose engine holds the workload's (first ``max_requests``) requests."""
     runner = make_runner(milestone, workload, model=model, device=device, dtype="auto", seed=0,
                          overrides=overrides, kv_tokens=kv_tokens_needed(workload))
     runner.warmup()
-    engine = runner.engine
-    params = runner._params(workload.requests)
-    for request, sp in zip(workload.requests[:max_requests], params):
-        engine.add_request(list(request.prompt_token_ids), sp)
+    for request, sp in zip(workload.requests[:max_requests], runner._params(workload.requests)):
+        runner.engine.add_request(list(request.prompt_token_ids), sp)
+    return runner, runner.engine
+
+
+def probe(milestone: str, start: int, num_steps: int, model: str, overrides: dict, device: str = "cuda",
+          max_requests: int | None = None) -> dict:
+    runner, engine = started(milestone, get_workload("nanovllm", 0), model, overrides, device, max_requests)
     with torch.inference_mode():
         for _ in range(start):
             engine.engine_step()
@@ -130,12 +133,7 @@ def whole_run(milestone: str, workload_name: str, model: str, overrides: dict, d
     """A whole workload driven step by step: how many steps replayed a graph and how many ran eagerly (mixed
     prefill/decode steps), and the wall time each kind took (each step timed from the host, no extra sync)."""
     workload = get_workload(workload_name, 0)
-    runner = make_runner(milestone, workload, model=model, device=device, dtype="auto", seed=0,
-                         overrides=overrides, kv_tokens=kv_tokens_needed(workload))
-    runner.warmup()
-    engine = runner.engine
-    for request, sp in zip(workload.requests, runner._params(workload.requests)):
-        engine.add_request(list(request.prompt_token_ids), sp)
+    runner, engine = started(milestone, workload, model, overrides, device)
     kinds = {"graph": [0, 0.0], "piecewise": [0, 0.0], "eager": [0, 0.0], "no launch": [0, 0.0]}
     sync(engine.device)
     began = time.perf_counter()
@@ -185,16 +183,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
     for milestone in args.milestone.split(","):
         for workload in filter(None, args.whole.split(",")):
             result = whole_run(milestone, workload, args.model, overrides, args.device)
-            path = args.out_dir / result["env"]["gpu_slug"] / f"step_kinds_{milestone}_{workload}.json"
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(result, indent=2) + "\n")
+            write_json(result, args.out_dir / result["env"]["gpu_slug"] / f"step_kinds_{milestone}_{workload}.json")
             results.append(result)
         if args.whole:
             continue
         result = probe(milestone, args.start, args.steps, args.model, overrides, args.device, args.max_requests)
-        path = args.out_dir / result["env"]["gpu_slug"] / f"step_probe_{milestone}.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(result, indent=2) + "\n")
+        write_json(result, args.out_dir / result["env"]["gpu_slug"] / f"step_probe_{milestone}.json")
         results.append(result)
     return results
 
