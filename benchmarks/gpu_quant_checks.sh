@@ -4,7 +4,7 @@
 #   bench     python -m benchmarks.quant_bench: every candidate at Qwen3-8B's shapes, batch 1-2048         < 3 min
 #   step      python -m benchmarks.quant_step --gate: the batch-1/4/16 decode step on qwen3-8b-random       ~5 min
 #   accuracy  python -m benchmarks.quant_accuracy on qwen3-0.6b-random and qwen3-8b-random             ~6-8 min
-#   OUT=/some/dir bash benchmarks/gpu_quant_checks.sh tests bench     # -> $OUT/quant.tgz (logs and JSON)
+#   OUT=/some/dir NANOSERVE_GIT_COMMIT=<sha> bash benchmarks/gpu_quant_checks.sh tests bench   # -> $OUT/quant.tgz
 # (estimates, not measured: one command may run 10 minutes, so `step` and `accuracy` go in separate calls)
 # Everything ends in one tarball: the device returns at most 8 files.
 set -uo pipefail
@@ -20,6 +20,8 @@ if ls .whl/*.whl >/dev/null 2>&1; then
         && export PYTHONPATH="/tmp/nanoserve-site${PYTHONPATH:+:$PYTHONPATH}"
 fi
 export PYTHONUNBUFFERED=1
+# The machine's copy of .git may be a stale HEAD: the commit every JSON records comes from the caller (env.py).
+[ -n "${NANOSERVE_GIT_COMMIT:-}" ] || echo "warning: NANOSERVE_GIT_COMMIT is not set: the JSON records this copy's .git HEAD" >&2
 parts=("$@")
 [ ${#parts[@]} -eq 0 ] && parts=(tests bench)
 for part in "${parts[@]}"; do

@@ -251,7 +251,10 @@ class MilestoneRunner(Runner):
             return {"source": "config override", "knob": None}
         if workload.kv_budget_gib is None and kv_tokens is None:
             return {"source": "engine default", "knob": None}
-        per_token = kv_bytes_per_token(model_config(model), config.resolve_dtype(config.resolve_device()))
+        # An FP8 K/V cache (m13's kv_cache_dtype) stores one byte per element whatever the model's dtype.
+        kv_dtype = torch.float8_e4m3fn if getattr(config, "kv_cache_fp8", False) else \
+            config.resolve_dtype(config.resolve_device())
+        per_token = kv_bytes_per_token(model_config(model), kv_dtype)
         # Split across ranks (m14), a rank holds 1/N of each token's K/V: the same tokens at any split.
         per_token //= getattr(config, "tensor_parallel_size", 1)
         if workload.kv_budget_gib is not None:

@@ -221,6 +221,21 @@ def test_memory_bound_client_aborts_each_request_at_its_real_length():
     assert m05["tokens"]["per_request"] == m04["tokens"]["per_request"]  # greedy: the same tokens
 
 
+def test_an_fp8_kv_cache_is_sized_at_one_byte_per_element():
+    """m13 with kv_cache_dtype="fp8": the sizing records (and budgets) the engine's own bytes per token."""
+    from milestones.m13_quantization import EngineConfig
+    from milestones.m04_continuous_batching.kv_pool import KVPool
+    from milestones.m13_quantization.fp8_kv_cache import FP8_DTYPE
+
+    config = EngineConfig(model="tiny", device="cpu", kv_cache_dtype="fp8")
+    fields = {field.name for field in dataclasses.fields(EngineConfig)}
+    wl = tiny_workload("offline", ((20, 3),))
+    sizing = runners.MilestoneRunner._kv_sizing(config, fields, wl, "tiny", 100, {})
+    fp8 = KVPool.bytes_per_token(runners.model_config("tiny"), FP8_DTYPE)
+    assert sizing["bytes_per_token"] == fp8 == 2 * 4 * 2 * 32  # layers, kv heads, head dim, one byte each
+    assert sizing["budget_bytes"] == 100 * fp8
+
+
 def test_engines_that_cannot_run_a_workload_are_skipped_with_the_reason():
     no_step_api = run_benchmark("m03", "memory-bound", model="tiny", device="cpu", max_requests=2, log=None)
     assert no_step_api["status"] == "skipped" and "step API" in no_step_api["error"]

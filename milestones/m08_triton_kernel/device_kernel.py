@@ -53,6 +53,8 @@ def interpreter_problem() -> str | None:
         return (f"Triton {triton.__version__}'s interpreter cannot run these kernels beside numpy "
                 f"{numpy.__version__} (Triton 3.7 or later can, or numpy < 2): on a CPU use attention_backend='torch'")
     return None
+
+
 _INTERPRETED: dict[int, InterpretedFunction] = {}  # id(JITFunction) -> its interpreted twin (a JITFunction's
                                                    # hash compiles its source, so it cannot be a key itself)
 
