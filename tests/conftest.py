@@ -21,8 +21,11 @@ catch each one.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import random
+import signal
+import sys
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -36,6 +39,15 @@ EOS = 3  # an id the random model can emit; tests that want fixed lengths pass i
 INIT_STD = 0.3  # std of every matrix and the embedding (transformers' default is 0.02: see the module docstring)
 NORM_WEIGHT_RANGE = (0.5, 1.5)  # every RMSNorm weight element is drawn uniformly from this range
 MIN_LOGIT_GAP = 1e-4  # a reference's top-1 logit must beat the runner-up by this much at every greedy step
+
+
+def end_with_this_process() -> None:
+    """``preexec_fn`` for a server a test starts: Linux sends it SIGTERM when the test process ends, however it
+    ends (``PR_SET_PDEATHSIG``), so a suite stopped from outside (a CI timeout, a killed pytest) leaves no server
+    behind. Where there is no ``prctl`` (macOS), the test's own ``finally`` is all there is."""
+    if sys.platform.startswith("linux"):
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def tiny_hf_config(tie_word_embeddings: bool = True) -> Qwen3Config:

@@ -45,6 +45,8 @@ from urllib.parse import unquote
 
 import pytest
 
+from conftest import end_with_this_process
+
 REPO = Path(__file__).resolve().parents[1]
 LINKED_DOCS = [REPO / "README.md", REPO / "AGENTS.md", *sorted((REPO / "docs").rglob("*.md"))]
 COMMAND_DOCS = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
@@ -346,7 +348,8 @@ def test_every_documented_command_runs_on_the_cpu(source, args, env, module, tok
         argv += ["--host", "127.0.0.1", "--port", str(port)]
         log = tmp_path / "serve.log"
         with log.open("w") as sink:
-            process = subprocess.Popen(argv, cwd=REPO, env=environment, stdout=sink, stderr=subprocess.STDOUT)
+            process = subprocess.Popen(argv, cwd=REPO, env=environment, stdout=sink, stderr=subprocess.STDOUT,
+                                       preexec_fn=end_with_this_process)
             try:
                 up = answers_http(process, port, SERVE_START_S)
             finally:
@@ -361,13 +364,46 @@ def test_every_documented_command_runs_on_the_cpu(source, args, env, module, tok
 def test_a_server_that_comes_up_is_seen_answering():
     port = free_port()
     process = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=end_with_this_process)
     try:
         assert answers_http(process, port, 30)
     finally:
         stop(process)
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     assert not answers_http(dead, free_port(), 5)
+
+
+ORPHAN_SCRIPT = """
+import subprocess, sys, time
+from conftest import end_with_this_process
+server = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], preexec_fn=end_with_this_process)
+print(server.pid, flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_server_a_test_starts_ends_when_the_test_process_is_killed():
+    """A suite killed from outside (SIGKILL: no finally runs) leaves none of the servers its tests started."""
+    parent = subprocess.Popen([sys.executable, "-c", ORPHAN_SCRIPT], cwd=Path(__file__).parent, stdout=subprocess.PIPE,
+                              text=True, preexec_fn=end_with_this_process)
+    try:
+        server = int(parent.stdout.readline())
+    finally:
+        parent.kill()
+        parent.wait(timeout=30)
+    deadline = time.monotonic() + 30
+    while not process_is_gone(server):
+        assert time.monotonic() < deadline, "the server outlived the process that started it"
+        time.sleep(0.05)
+
+
+def process_is_gone(pid: int) -> bool:
+    """No such process, or a zombie (it ended; its new parent has not reaped it yet)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return True
 
 
 # ---- the architecture diagram --------------------------------------------------------------------------------------

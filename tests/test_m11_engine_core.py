@@ -20,7 +20,7 @@ import httpx
 import openai
 import pytest
 
-from conftest import random_prompts
+from conftest import end_with_this_process, random_prompts
 from milestones.m09_server.app import build_app
 from milestones.common.server_thread import ServerThread
 from milestones.m11_engine_core import EngineConfig, LLMEngine, SamplingParams
@@ -266,7 +266,7 @@ def start_server(port: int) -> subprocess.Popen:
     command = [sys.executable, "-m", "milestones.m11_engine_core", "serve", "--model", "tiny", "--device", "cpu",
                "--max-model-len", "128", "--port", str(port), "--log-level", "warning"]
     process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                               start_new_session=True)
+                               start_new_session=True, preexec_fn=end_with_this_process)
     deadline = time.monotonic() + TIMEOUT_S
     while True:
         assert process.poll() is None, f"the server exited with {process.returncode}"
