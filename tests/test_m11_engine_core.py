@@ -8,6 +8,7 @@ process brings: per-step messages, refusing bad requests before they cross, the 
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import signal
 import socket
@@ -19,6 +20,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+import zmq
 
 from conftest import end_with_this_process, random_prompts
 from milestones.m09_server.app import build_app
@@ -228,6 +230,28 @@ def test_a_core_killed_mid_stream_ends_every_stream_and_health_fails(chat_checkp
 def test_a_bad_config_is_one_line_from_the_core(tokenizer_cache):
     with pytest.raises(ValueError, match="kv_cache_memory_bytes"):
         LLMEngine.make_engine_client(EngineConfig(model="tiny", device="cpu", kv_cache_memory_bytes=1024))
+
+
+def test_a_core_that_cannot_be_started_leaves_its_sockets_closed(monkeypatch):
+    """Left to the garbage collector, a context with open sockets can block zmq_ctx_term forever (a hang at some
+    later, unrelated moment): a failed start closes its own."""
+    from milestones.m11_engine_core import core_client as module
+
+    made = []
+
+    class RecordedContext(zmq.Context):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    def cannot_start(process):
+        raise OSError("no more processes")
+
+    monkeypatch.setattr(module.zmq, "Context", RecordedContext)
+    monkeypatch.setattr(multiprocessing.get_context("spawn").Process, "start", cannot_start)
+    with pytest.raises(OSError, match="no more processes"):
+        module.EngineCoreProcess(LLMEngine, EngineConfig(model="tiny", device="cpu"))
+    assert len(made) == 1 and made[0].closed
 
 
 # --------------------------------------------------------------------------- the server's process and the core's

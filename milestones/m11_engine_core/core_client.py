@@ -45,18 +45,26 @@ class EngineCoreProcess:
     def __init__(self, engine_class, config, startup_timeout_s: float = 3600.0) -> None:
         self.folder, input_address, output_address = socket_addresses()
         self.context = zmq.Context()
-        self.input = self.context.socket(zmq.PUSH)
-        self.input.setsockopt(zmq.SNDHWM, 0)
-        self.input.setsockopt(zmq.LINGER, 0)
-        self.output = self.context.socket(zmq.PULL)
-        self.output.setsockopt(zmq.LINGER, 0)
-        self.input.bind(input_address)
-        self.output.bind(output_address)
-        spawn = multiprocessing.get_context("spawn")
-        self.process = spawn.Process(target=run_engine_core, name="nanoserve-engine-core",
-                                     args=(engine_class, config, input_address, output_address,
-                                           torch.get_num_threads()))
-        self.process.start()
+        try:
+            self.input = self.context.socket(zmq.PUSH)
+            self.input.setsockopt(zmq.SNDHWM, 0)
+            self.input.setsockopt(zmq.LINGER, 0)
+            self.output = self.context.socket(zmq.PULL)
+            self.output.setsockopt(zmq.LINGER, 0)
+            self.input.bind(input_address)
+            self.output.bind(output_address)
+            spawn = multiprocessing.get_context("spawn")
+            self.process = spawn.Process(target=run_engine_core, name="nanoserve-engine-core",
+                                         args=(engine_class, config, input_address, output_address,
+                                               torch.get_num_threads()))
+            self.process.start()
+        except BaseException:
+            # Closed here, not left to the garbage collector: a context collected in a cycle with its open
+            # sockets (an exception's traceback makes one) waits in zmq_ctx_term for them forever.
+            self.context.destroy(linger=0)
+            if self.folder is not None:
+                shutil.rmtree(self.folder, ignore_errors=True)
+            raise
         # Whatever happens to this object (an exception below, a forgotten shutdown), the core goes with it.
         self._finalizer = weakref.finalize(self, _stop, self.process, self.context, self.folder, 0.0)
         self.encoder = msgspec.msgpack.Encoder()
