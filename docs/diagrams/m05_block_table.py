@@ -10,7 +10,6 @@ it there and here together. Only matplotlib is needed; nothing of nanoserve is i
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 import matplotlib
@@ -18,6 +17,7 @@ import matplotlib
 matplotlib.use("Agg")  # no display needed
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.patches import FancyArrowPatch, Rectangle  # noqa: E402
+from figure_script import run_figure_script, save_png  # noqa: E402
 
 DEFAULT_OUT = Path(__file__).resolve().parents[1] / "images" / "m05_block_table.png"
 BLOCK_SIZE = 4
@@ -95,16 +95,11 @@ def draw(out: Path) -> None:
                            edgecolor="red", lw=2.2))
     ax.text(block_x[block] + (position % BLOCK_SIZE + 0.5) * cell, pool_y - 0.38, f"{request}'s next token",
             ha="center", va="top", fontsize=8, color="red")
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110, metadata={"Software": None})
-    plt.close(fig)
+    save_png(fig, out)
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where to write the PNG")
-    draw(parser.parse_args(argv).out)
+    run_figure_script(draw, __doc__.split("\n\n")[0], DEFAULT_OUT, argv)
 
 
 if __name__ == "__main__":

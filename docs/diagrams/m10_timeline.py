@@ -11,7 +11,6 @@ figure changes when that file does. Only matplotlib is needed; nothing of nanose
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
@@ -20,6 +19,7 @@ import matplotlib
 matplotlib.use("Agg")  # no display needed
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.patches import Rectangle  # noqa: E402
+from figure_script import run_figure_script, save_png  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_OUT = REPO / "docs" / "images" / "m10_timeline.png"
@@ -92,16 +92,11 @@ def draw(out: Path) -> None:
     ax.text(100, -0.9, "schematic: a few kernels stand for a step's ~540, widths not to scale; the two "
             "totals are measured (m10_step_times.json, probe call, median of 20)",
             ha="right", fontsize=7.5, color="#777777")
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110, metadata={"Software": None})
-    plt.close(fig)
+    save_png(fig, out)
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where to write the PNG")
-    draw(parser.parse_args(argv).out)
+    run_figure_script(draw, __doc__.split("\n\n")[0], DEFAULT_OUT, argv)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ matplotlib is needed; nothing of nanoserve is imported.
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
@@ -22,6 +21,7 @@ import matplotlib
 matplotlib.use("Agg")  # no display needed
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.patches import FancyArrowPatch, Rectangle  # noqa: E402
+from figure_script import run_figure_script, save_png  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_OUT = REPO / "docs" / "images" / "m12_timeline.png"
@@ -116,16 +116,11 @@ def draw(out: Path) -> None:
     ax.text(end, -1.45, f"to scale; step lengths measured (step_probe_m11.json, step_probe_m12.json: the exact "
             f"nanovllm, steps 300-380, {m11_running:.0f} and {m12_running:.0f} requests running); how the host "
             "splits its work inside a step is a schematic", ha="right", fontsize=7.5, color="#777777")
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110, metadata={"Software": None})
-    plt.close(fig)
+    save_png(fig, out)
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where to write the PNG")
-    draw(parser.parse_args(argv).out)
+    run_figure_script(draw, __doc__.split("\n\n")[0], DEFAULT_OUT, argv)
 
 
 if __name__ == "__main__":
