@@ -2,6 +2,7 @@
 # m13 on CUDA, in parts (each under its own timeout; name the parts to run, default: tests bench):
 #   tests     tests/test_m13_quantization.py compiled for the GPU (Qwen3-8B's layer shapes, every candidate)  ~1.5 min
 #   bench     python -m benchmarks.quant_bench: every candidate at Qwen3-8B's shapes, batch 1-2048         < 3 min
+#   grid      python -m benchmarks.quant_bench --gemv-grid at batch 1 and 4: gemv's parameters crossed      < 4 min
 #   step      python -m benchmarks.quant_step --gate: the batch-1/4/16 decode step on qwen3-8b-random       ~5 min
 #   accuracy  python -m benchmarks.quant_accuracy on qwen3-0.6b-random and qwen3-8b-random             ~6-8 min
 #   OUT=/some/dir NANOSERVE_GIT_COMMIT=<sha> bash benchmarks/gpu_quant_checks.sh tests bench   # -> $OUT/quant.tgz
@@ -33,6 +34,10 @@ for part in "${parts[@]}"; do
         bench)
             timeout 240 "$PY" -m benchmarks.quant_bench --out "$WORK/quant_bench.json" > "$WORK/quant_bench.log" 2>&1
             echo "quant_bench: exit $?"; grep -E "^batch-1 sum|^->" "$WORK/quant_bench.log" ;;
+        grid)
+            timeout 260 "$PY" -m benchmarks.quant_bench --batches 1,4 --gemv-grid --budget-s 210 \
+                --out "$WORK/quant_bench+gemv-grid.json" > "$WORK/quant_bench_grid.log" 2>&1
+            echo "quant_bench --gemv-grid: exit $?"; grep -E "^batch-1 sum|^->|gemv" "$WORK/quant_bench_grid.log" | tail -n 12 ;;
         step)
             timeout 480 "$PY" -m benchmarks.quant_step --gate --out "$WORK/m13_step_times.json" \
                 > "$WORK/quant_step.log" 2>&1
@@ -45,7 +50,7 @@ for part in "${parts[@]}"; do
                 --out "$WORK/m13_accuracy+qwen3-8b-random.json" > "$WORK/quant_accuracy_8b.log" 2>&1
             echo "quant_accuracy (qwen3-8b-random): exit $?"
             grep -hE "rel. RMS" "$WORK/quant_accuracy.log" "$WORK/quant_accuracy_8b.log" ;;
-        *) echo "unknown part '$part': use tests, bench, step or accuracy" >&2; exit 2 ;;
+        *) echo "unknown part '$part': use tests, bench, grid, step or accuracy" >&2; exit 2 ;;
     esac
 done
 cd "$OUT" && tar czf quant.tgz quant && rm -rf quant && echo "-> $OUT/quant.tgz"

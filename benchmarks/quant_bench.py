@@ -95,25 +95,33 @@ def relative_error(out: torch.Tensor, expected: torch.Tensor) -> float:
     return ((out.float() - expected).abs().max() / expected.abs().max().clamp(min=1e-30)).item()
 
 
-def candidates_for(method: str, m: int, quick: bool) -> dict[str, QuantMatmulConfig]:
+def gemv_grid() -> dict[str, QuantMatmulConfig]:
+    """``--gemv-grid``: gemv's launch parameters crossed (rows and inputs per step, warps, pipelining depth)."""
+    return {f"n{n}-k{k}-w{w}-s{s}": QuantMatmulConfig("gemv", block_n=n, block_k=k, num_warps=w, num_stages=s)
+            for n in (8, 16, 32) for k in (256, 512) for w in (2, 4, 8) for s in (2, 4)}
+
+
+def candidates_for(method: str, m: int, quick: bool, grid: bool = False) -> dict[str, QuantMatmulConfig]:
     """Configurations timed for ``method`` at ``M`` rows: the launch table's entry, and with a full run every
-    candidate of every regime that runs at this ``M``."""
+    candidate of every regime that runs at this ``M`` (``grid``: gemv's grid instead, where gemv runs)."""
     table = {f"table {regime(m)}": LAUNCH_TABLE[method][regime(m)]}
     if quick:
         return table
+    if grid and regime(m) == "gemv":
+        return table | {name: c for name, c in gemv_grid().items() if fits_method(c, method)}
     found = {name: config for kind, configs in CANDIDATES.items() if m in CANDIDATE_BATCHES[kind]
              for name, config in configs.items() if fits_method(config, method)}
     return found | {name: c for name, c in table.items() if c not in found.values()}
 
 
 def measure_case(name: str, n: int, k: int, m: int, weights: Weights, timing: Timing, copy_gbs: float,
-                 quick: bool, device: torch.device, seed: int) -> list[dict]:
+                 quick: bool, device: torch.device, seed: int, grid: bool = False) -> list[dict]:
     """One shape at ``M`` rows in one format: cuBLAS for bf16, each applicable configuration for int8 / int4."""
     method = weights.method
     x = torch.randn((m, k), generator=torch.Generator(device=device).manual_seed(seed + m), device=device,
                     dtype=torch.bfloat16)
     expected = reference(weights, x)
-    options = {"cuBLAS": None} if method == "bf16" else candidates_for(method, m, quick)
+    options = {"cuBLAS": None} if method == "bf16" else candidates_for(method, m, quick, grid)
     rows = []
     for config_name, config in options.items():
         if config_name.startswith("table "):  # what the engine launches: gemv's block_n fitted to N
@@ -205,6 +213,7 @@ def parse_shapes(text: str) -> dict[str, tuple[int, int]]:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.quant_bench", description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="the launch table's configuration only")
+    parser.add_argument("--gemv-grid", action="store_true", help="at batch 1-4: gemv's launch parameters crossed")
     parser.add_argument("--shapes", type=parse_shapes, default=None, help="NxK,... (default: Qwen3-8B's five)")
     parser.add_argument("--batches", type=positive_int_list, default=BATCHES, help="rows of x (default 1,4,16,64,256,2048)")
     parser.add_argument("--budget-s", type=float, default=150.0, help="stop starting new cases after this long")
@@ -237,7 +246,7 @@ def run(args: argparse.Namespace) -> dict:
                     skipped.append(f"{name} {method} M={m}")
                     continue
                 rows += measure_case(name, n, k, m, weights[(name, method)], timing, copy_gbs, args.quick, device,
-                                     args.seed)
+                                     args.seed, args.gemv_grid)
     if skipped:
         print(f"time budget ({args.budget_s:.0f} s) spent: not measured: {', '.join(skipped)}", flush=True)
     failures = [r for r in rows if not r["max_rel_error"] <= TOLERANCE]
