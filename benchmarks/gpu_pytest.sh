@@ -2,9 +2,10 @@
 # The test suite on a GPU machine (the H200), where the CUDA-only tests run and CI's CPU cannot see them.
 # The machine has torch, triton, transformers and pytest-xdist but not the server's packages: the wheels carried in
 # .whl/ are installed first (AGENTS.md, "A GPU call"). Tests that need a notebook kernel skip there with a reason.
-#   OUT=/some/dir bash benchmarks/gpu_pytest.sh                       # the whole suite, 8 workers
+#   OUT=/some/dir bash benchmarks/gpu_pytest.sh                       # the whole suite, a worker per core
 #   OUT=/some/dir bash benchmarks/gpu_pytest.sh tests/test_m12_*.py   # the files a change touched
 # Writes $OUT/pytest_cuda.log (the summary line, failures, the 30 slowest tests); exits with pytest's status.
+# PYTEST_TIMEOUT_S=N interrupts pytest after N seconds as Ctrl-C would: it still writes what ran and the slowest.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
@@ -16,7 +17,8 @@ if ls .whl/*.whl >/dev/null 2>&1; then
 fi
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else '')"
-workers=()
-"$PY" -c "import xdist" 2>/dev/null && workers=(-n "${PYTEST_WORKERS:-8}")
-"$PY" -m pytest -q -rfs -p no:cacheprovider --durations=30 "${workers[@]}" "${@:-tests}" 2>&1 | tee "$OUT/pytest_cuda.log"
+workers=()  # work stealing: a worker that ends early takes tests queued for a busy one
+"$PY" -c "import xdist" 2>/dev/null && workers=(-n "${PYTEST_WORKERS:-$(nproc)}" --dist worksteal)
+timeout -s INT "${PYTEST_TIMEOUT_S:-0}" "$PY" -m pytest -q -rfs -p no:cacheprovider --durations=30 "${workers[@]}" \
+    "${@:-tests}" 2>&1 | tee "$OUT/pytest_cuda.log"
 exit "${PIPESTATUS[0]}"

@@ -103,15 +103,18 @@ def test_regimes_and_split_k_for_qwen3_8b_shapes():
     assert [regime(m) for m in (1, 4, 5, 32, 33, 512, 513)] == ["gemv", "gemv", "small", "small", "large", "large",
                                                                 "prefill"]
     gemv = LAUNCH_TABLE["int4"]["gemv"]
-    assert gemv.block_n == 32 and gemv.block_k == 256
+    assert gemv.block_n == 16 and gemv.block_k == 256
     block_n = {}
     for n, k in ((6144, 4096), (4096, 4096), (24576, 4096), (4096, 12288), (151936, 4096)):
         config, split = choose_launch("int4", 1, n, k, 132)
         assert split == 1  # N / block_n programs already cover 132 SMs
         block_n[n] = config.block_n
-    # fewer rows per program where N is small, so that each SM has several programs' loads in flight
-    assert block_n == {6144: 8, 4096: 8, 24576: 32, 151936: 32}
-    assert choose_split_k(1, 256, 8192, 132, gemv) == 16  # 8 programs: K cut in 16 (the most), 128 programs
+    # fewer rows per program only where N is small, so that every SM has a program
+    assert block_n == {6144: 16, 4096: 16, 24576: 16, 151936: 16}
+    config, split = choose_launch("int4", 1, 1024, 2048, 132)  # Qwen3-0.6B's o_proj: 64 programs of 16 rows
+    assert (config.block_n, split) == (8, 2)  # 128 programs of 8 rows, K in 2 slices: 256 programs
+    assert choose_split_k(1, 256, 8192, 132, gemv) == 9  # 16 programs: K cut in 9, 144 programs
+    assert choose_split_k(1, 128, 8192, 132, gemv) == 16  # 8 programs: K cut in 16 (the most)
     assert choose_split_k(1, 256, 1024, 132, gemv) == 4  # ...but never into slices shorter than block_k
     assert choose_split_k(1, 256, 256, 132, gemv) == 1
     config, split = choose_launch("int8", 64, 4096, 4096, 132)

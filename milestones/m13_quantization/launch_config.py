@@ -28,7 +28,7 @@ GEMV_MAX_M = 4
 SMALL_MAX_M = 32
 LARGE_MAX_M = 512
 MAX_SPLIT_K = 16
-GEMV_PROGRAMS_PER_SM = 4  # gemv: programs the table's launch aims for per SM (loads in flight)
+GEMV_PROGRAMS_PER_SM = 1  # gemv: programs the table's launch aims for per SM (each has 3 tiles in flight)
 GEMV_MIN_BLOCK_N = 8  # ...halving block_n down to this many rows of W per program
 
 
@@ -80,20 +80,20 @@ def regime(m: int) -> str:
     return "small" if m <= SMALL_MAX_M else "large" if m <= LARGE_MAX_M else "prefill"
 
 
-# One configuration per method and regime: the design defaults until benchmarks/quant_bench.py has measured them
-# on the H200 (pending H200 run). gemv: 4 KB of weights per program per step (int8: 16 rows x 256 inputs; int4:
-# 32 rows x 2 groups of 64 bytes), 16-byte cp.async loads along K pipelined num_stages deep, block_n halved by
-# gemv_for_shape where N is small; compiled for sm_90 (tests/compile_m13_for_gpu.py --registers) it takes 69-77
-# registers at batch 1, 77 (int8) and 159 (int4) at batch 4, and spills nothing.
+# One configuration per method and regime. gemv: measured on the H200 (quant_bench --gemv-grid, the best geometric
+# mean over Qwen3-8B's five shapes at batch 1 and 4 of 36 crossed candidates: results/h200/quant_bench+gemv-grid.json):
+# int8 8 rows x 512 inputs per step with 2 warps, int4 16 rows x 2 groups with 4 warps, both 4 stages deep (more
+# tiles in flight per program beat more programs). The tensor-core regimes keep their design defaults (pending a
+# full quant_bench run). Compiled for sm_90 (tests/compile_m13_for_gpu.py --registers), nothing spills.
 LAUNCH_TABLE: dict[str, dict[str, QuantMatmulConfig]] = {
     "int8": {
-        "gemv": QuantMatmulConfig("gemv", block_n=16, block_k=256, num_warps=4, num_stages=3),
+        "gemv": QuantMatmulConfig("gemv", block_n=8, block_k=512, num_warps=2, num_stages=4),
         "small": QuantMatmulConfig("dot", block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=4),
         "large": QuantMatmulConfig("dot", block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=3),
         "prefill": QuantMatmulConfig("dot", block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=3),
     },
     "int4": {
-        "gemv": QuantMatmulConfig("gemv", block_n=32, block_k=256, num_warps=4, num_stages=3),
+        "gemv": QuantMatmulConfig("gemv", block_n=16, block_k=256, num_warps=4, num_stages=4),
         "small": QuantMatmulConfig("dot", block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=4),
         "large": QuantMatmulConfig("dot", block_m=64, block_n=128, block_k=128, num_warps=4, num_stages=3),
         "prefill": QuantMatmulConfig("dot", block_m=64, block_n=128, block_k=128, num_warps=4, num_stages=3),
@@ -163,12 +163,12 @@ def choose_split_k(m: int, n: int, k: int, num_sms: int, config: QuantMatmulConf
 
 
 def gemv_for_shape(config: QuantMatmulConfig, n: int, num_sms: int) -> QuantMatmulConfig:
-    """``gemv`` with fewer rows of W per program where N gives too few programs to keep memory busy.
+    """``gemv`` with fewer rows of W per program where N gives too few programs to keep every SM busy.
 
-    A program streams its rows with ``num_stages - 1`` tiles in flight; an SM needs tens of KB in flight to
-    reach the copy bandwidth, so a launch wants several programs per SM. Qwen3-8B's o_proj and down_proj
-    (N = 4,096) have 256 programs of 16 rows, 2 per SM of an H200: halving ``block_n`` doubles them, with no
-    extra launches (split-K's float32 output must be zeroed and cast: two more kernels per matmul).
+    A program streams its rows with ``num_stages - 1`` tiles in flight; an SM without a program reads nothing.
+    Qwen3-8B's layers all have N >= 4,096 (256+ programs of 16 rows on the H200's 132 SMs: none halved; the
+    grid measured more programs of fewer rows as slower there), Qwen3-0.6B's o_proj (N = 1,024) 64: halved to 8
+    rows, 128 programs, with no extra launches (split-K's float32 output must be zeroed and cast: two more kernels).
     """
     block_n = config.block_n
     while block_n > GEMV_MIN_BLOCK_N and -(-n // block_n) < GEMV_PROGRAMS_PER_SM * num_sms:
