@@ -157,6 +157,19 @@ def compile_fused(dtype: torch.dtype, fused_kernels) -> None:
     fused_kernels.silu_and_mul(torch.zeros(3, 2 * inter, dtype=dtype))
 
 
+def compile_prefill(dtype: torch.dtype, num_heads: int, paged_prefill_kernel, fp8: bool = False) -> None:
+    """m12's prefill kernel as the engine calls it: int64 lengths and starts, int32 tables and tiles; 2 chunks."""
+    head_dim, kv_heads = 128, 8
+    q = torch.zeros(40, num_heads, head_dim, dtype=dtype)
+    cache = torch.zeros(8, 16, kv_heads, head_dim, dtype=torch.float8_e4m3fn if fp8 else dtype)
+    tables = torch.arange(8, dtype=torch.int32).view(2, 4)
+    scales = dict(k_scale=torch.ones(1), v_scale=torch.ones(1)) if fp8 else {}
+    tiles = torch.zeros(3, dtype=torch.int32)
+    paged_prefill_kernel.paged_prefill_attention(q, cache, cache.clone(), torch.empty_like(q), tables,
+                                                 torch.tensor([50, 64]), torch.tensor([0, 30, 40]), tiles,
+                                                 tiles.clone(), head_dim ** -0.5, **scales)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python tests/compile_for_gpu.py", description=__doc__.split("\n")[0])
     parser.add_argument("--arch", type=int, default=90, help="CUDA compute capability x10 (default 90: Hopper)")
@@ -172,16 +185,18 @@ def main(argv: list[str] | None = None) -> int:
     from triton.runtime.driver import driver
 
     from milestones.m08_triton_kernel import paged_decode_kernel, store_kv_kernel
-    from milestones.m12_async_scheduling import fused_kernels
+    from milestones.m12_async_scheduling import fused_kernels, paged_prefill_kernel
 
     driver.set_active(TargetOnlyDriver(GPUTarget("cuda", args.arch, 32)))
     compiled: list = []
     for module, names in ((paged_decode_kernel, ("_paged_decode_kernel", "_combine_splits_kernel")),
                           (store_kv_kernel, ("_store_kv_kernel",)),
-                          (fused_kernels, ("_add_rms_norm_kernel", "_qk_norm_rope_kernel", "_silu_and_mul_kernel"))):
+                          (fused_kernels, ("_add_rms_norm_kernel", "_qk_norm_rope_kernel", "_silu_and_mul_kernel")),
+                          (paged_prefill_kernel, ("_paged_prefill_kernel",))):
         for name in names:
             setattr(module, name, CompileOnly(getattr(module, name).compiled, compiled))
     paged_decode_kernel.runs_interpreted = lambda device: False  # so the wrapper picks its GPU code paths
+    paged_prefill_kernel.runs_interpreted = lambda device: False
 
     sweep = {}
     if args.sweep_configs:
@@ -195,6 +210,11 @@ def main(argv: list[str] | None = None) -> int:
                                   (torch.bfloat16, torch.int64), (torch.bfloat16, torch.int32))]
     jobs += [(f"m12 fused kernels {str(dtype)[6:]}", lambda d=dtype: compile_fused(d, fused_kernels))
              for dtype in (torch.float32, torch.bfloat16)]
+    jobs += [(f"m12 prefill {str(dtype)[6:]} {heads} heads{' fp8 cache' if fp8 else ''}",
+              lambda d=dtype, h=heads, f=fp8: compile_prefill(d, h, paged_prefill_kernel, f))
+             for dtype, heads, fp8 in ((torch.float32, 16, False), (torch.float16, 16, False),
+                                       (torch.bfloat16, 16, False), (torch.bfloat16, 32, False),
+                                       (torch.bfloat16, 16, True), (torch.bfloat16, 32, True))]
     limit = SHARED_MEMORY_PER_BLOCK.get(args.arch)
     results = []
     for name, job in jobs:

@@ -38,6 +38,7 @@ from milestones.m05_paged_blocks.scheduler import SchedulerOutput
 from milestones.m10_cuda_graphs.engine import GraphStats
 from milestones.m11_engine_core import LLMEngine as EngineCoreEngine
 
+from .attention import TritonMixedAttention
 from .config import EngineConfig
 from .fused_layers import FusedCausalLM
 from .graph_runner import OverlappedGraphRunner
@@ -96,6 +97,12 @@ class LLMEngine(EngineCoreEngine):
         logits = self.piecewise.run(batch.input_ids, batch.metadata.positions, self.make_attention(batch.metadata),
                                     batch.sample_rows, self.model.compute_logits)
         return logits if host.sampling else None
+
+    def make_attention(self, metadata):
+        """Triton: a mixed step's prompt chunks in one prefill launch per layer, beside m08's decode kernel."""
+        if self.attention_backend == "triton":
+            return TritonMixedAttention(self.kv_pool, metadata)
+        return super().make_attention(metadata)
 
     def model_for_graphs(self):
         """The decode graphs record the fused layers (fewer, larger kernels: the GPU's share of a step). Eager
