@@ -253,15 +253,21 @@ def test_token_buckets_pad_little():
     assert token_buckets(100) == [16, 32, 64, 100] and token_buckets(10) == [10]
 
 
-def test_mixed_steps_replayed_in_pieces_give_transformers_tokens(tied_checkpoint, tokenizer_cache):
-    """Steps with prompt chunks run through the piecewise runner's buffers (not captured, on a CPU): padded to a
-    bucket, attention between the pieces on the real rows only; under chunking, prefix hits and preemption."""
+@pytest.mark.parametrize("mode", ["full_and_piecewise", "full"])
+def test_mixed_steps_replayed_in_pieces_give_transformers_tokens(tied_checkpoint, tokenizer_cache, mode):
+    """Steps with prompt chunks run through the runner's buffers (not captured, on a CPU), padded to a bucket:
+    ``full_and_piecewise``: attention between the pieces on the real rows only; ``full``: the whole pass over the
+    static metadata, padding rows stored nowhere and unused tiles idle; under chunking, prefix hits and
+    preemption."""
     from milestones.m12_async_scheduling import EngineConfig, LLMEngine
+    from milestones.m12_async_scheduling.full_graphs import FullGraphRunner
 
     engine = LLMEngine(EngineConfig(model=str(tied_checkpoint[0]), device="cpu", attention_backend="triton",
-                                    max_num_seqs=4, block_size=4, max_num_batched_tokens=10, kv_cache_tokens=56))
+                                    max_num_seqs=4, block_size=4, max_num_batched_tokens=10, kv_cache_tokens=56,
+                                    cudagraph_mode=mode))
     engine.graph_runner = engine.build_graph_runner(capture=False)
     engine.piecewise = engine.build_piecewise_runner(capture=False)
+    assert isinstance(engine.piecewise, FullGraphRunner) == (mode == "full")
     assert engine.piecewise.buckets == [10]
     outputs, _ = generate_exactly(engine, tied_checkpoint[1], CHATS, [12, 12, 10, 12])
     stats = engine.stats

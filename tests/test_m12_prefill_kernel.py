@@ -69,6 +69,7 @@ def run_kernel(q, k, v, tables, context_lens, starts, query_lens, **scales):
     chunks = [s for s, n in enumerate(query_lens) if n > 1]
     seqs, firsts = prefill_tiles(query_lens, chunks, block_q)
     out = torch.full_like(q, 7.0)  # decode rows must keep this
+    seqs, firsts = [-1] + seqs + [-1, -1], [-1] + firsts + [-1, -1]  # unused tiles (a captured grid's) do nothing
     tiles = torch.tensor([seqs, firsts], dtype=torch.int32, device=q.device)
     paged_prefill_attention(q, k, v, out, tables, context_lens, starts, tiles[0], tiles[1], q.shape[-1] ** -0.5,
                             **scales)

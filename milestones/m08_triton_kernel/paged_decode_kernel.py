@@ -77,8 +77,9 @@ def _paged_decode_kernel(
     """One (sequence, K/V head, split): the ``GROUP`` query heads of that K/V head against its keys.
 
     ``KV_FP8`` (m13): the cache holds float8_e4m3 values ``x / scale`` with one float32 scale per layer for K
-    and one for V (``k_scale_ptr``, ``v_scale_ptr``): tiles are widened to q's dtype in registers, K's scale
-    multiplies the scores (through ``scale_log2``) and V's the output."""
+    and one for V (``k_scale_ptr``, ``v_scale_ptr``): tiles are widened to fp16 in registers (one conversion per
+    pair of values on Hopper, where bf16 takes two) and the dots run in fp16, K's scale multiplies the scores
+    (through ``scale_log2``) and V's the output."""
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -104,6 +105,8 @@ def _paged_decode_kernel(
                 mask=(rows < GROUP)[:, None], other=0.0)
     if DOT_FP32:
         q = q.to(tl.float32)
+    elif KV_FP8:  # an FP8 cache's tiles are widened to fp16 (below): the dots run in fp16, q too
+        q = q.to(tl.float16)
     if KV_FP8:
         scale_log2 = scale_log2 * tl.load(k_scale_ptr)
 
@@ -130,8 +133,8 @@ def _paged_decode_kernel(
         v = tl.load(v_head + (block * stride_v_block + slot * stride_v_slot)[:, None] + dims[None, :],
                     mask=valid[:, None], other=0.0)
         if KV_FP8:
-            k = k.to(q_ptr.dtype.element_ty)
-            v = v.to(q_ptr.dtype.element_ty)
+            k = k.to(tl.float16)  # e4m3 -> fp16 is one instruction a pair on Hopper; to bf16 it is two
+            v = v.to(tl.float16)
         if DOT_FP32:
             k = k.to(tl.float32)
             v = v.to(tl.float32)

@@ -40,6 +40,7 @@ from milestones.m11_engine_core import LLMEngine as EngineCoreEngine
 
 from .attention import TritonMixedAttention
 from .config import EngineConfig
+from .full_graphs import FullGraphRunner
 from .fused_layers import FusedCausalLM
 from .graph_runner import OverlappedGraphRunner
 from .in_flight import InFlightStep, PinnedIds
@@ -53,7 +54,7 @@ PIECEWISE_MAX_TOKENS = 8192
 
 @dataclass
 class OverlapStats(GraphStats):
-    """m10's counters plus ``piecewise_steps``: steps with prompt chunks replayed in pieces."""
+    """m10's counters plus ``piecewise_steps``: steps with prompt chunks replayed (in pieces, or whole)."""
 
     piecewise_steps: int = 0
 
@@ -70,30 +71,43 @@ class LLMEngine(EngineCoreEngine):
         self.piecewise: PiecewiseGraphRunner | None = None
         super().__init__(config if config is not None else EngineConfig())
         self.pinned_ids = PinnedIds(self.config.max_num_seqs, self.device)
-        if self.graph_runner is not None and self.config.cudagraph_mode == "full_and_piecewise":
+        if self.graph_runner is not None and self.config.cudagraph_mode != "full_decode_only":
             self.piecewise = self.build_piecewise_runner(capture=True)
         self.stats = self.new_stats()
 
     def build_piecewise_runner(self, capture: bool = True) -> PiecewiseGraphRunner:
-        """Pieces for every step of up to ``max_num_batched_tokens`` tokens (at most 8,192: larger steps are rare
-        and long enough to pay their own launches)."""
-        budget = self.config.max_num_batched_tokens or PIECEWISE_MAX_TOKENS
-        return PiecewiseGraphRunner(self.graph_runner.model.model, min(budget, PIECEWISE_MAX_TOKENS), self.device,
-                                    capture=capture)
+        """The runner of the steps with prompt chunks, for every step of up to ``max_num_batched_tokens`` tokens
+        (at most 8,192: larger steps are rare and long enough to pay their own launches): whole graphs
+        (``cudagraph_mode="full"`` with Triton attention) or pieces."""
+        max_tokens = min(self.config.max_num_batched_tokens or PIECEWISE_MAX_TOKENS, PIECEWISE_MAX_TOKENS)
+        model = self.graph_runner.model.model
+        if self.config.cudagraph_mode == "full" and self.attention_backend == "triton":
+            max_blocks_per_seq = -(-self.max_model_len // self.config.block_size)
+            return FullGraphRunner(model, self.kv_pool, max_tokens, self.config.max_num_seqs, max_blocks_per_seq,
+                                   self.device, capture=capture)
+        return PiecewiseGraphRunner(model, max_tokens, self.device, capture=capture)
 
     def describe_cuda_graphs(self) -> str:
         pieces = self.piecewise
-        extra = "" if pieces is None else (f"; mixed steps in {len(pieces.graphs)} piece graphs ("
-                                           f"{len(pieces.buckets)} token counts up to {pieces.buckets[-1]:,}), "
-                                           f"captured in {pieces.capture_seconds:.2f} s")
+        whole = isinstance(pieces, FullGraphRunner)
+        extra = "" if pieces is None else (f"; mixed steps in {len(pieces.graphs)} {'whole' if whole else 'piece'} "
+                                           f"graphs ({len(pieces.buckets)} token counts up to "
+                                           f"{pieces.buckets[-1]:,}), captured in {pieces.capture_seconds:.2f} s")
         return super().describe_cuda_graphs() + extra
 
+    def replays_mixed_steps(self) -> bool:
+        """Whether steps with prompt chunks go to ``self.piecewise`` (m13: not before an FP8 cache has scales)."""
+        return self.piecewise is not None
+
     def forward(self, host: HostBatch) -> torch.Tensor | None:
-        if (self.piecewise is None or self.is_graph_step(host)
+        if (not self.replays_mixed_steps() or self.is_graph_step(host)
                 or self.piecewise.bucket(len(host.input_ids)) is None):
             return super().forward(host)
         self.stats.piecewise_steps += 1
         batch = self.device_batch(host)  # the ids (pending ones filled on the device) and the metadata
+        if isinstance(self.piecewise, FullGraphRunner):
+            logits = self.piecewise.run(batch.input_ids, batch.metadata, batch.sample_rows, self.model.compute_logits)
+            return logits if host.sampling else None
         logits = self.piecewise.run(batch.input_ids, batch.metadata.positions, self.make_attention(batch.metadata),
                                     batch.sample_rows, self.model.compute_logits)
         return logits if host.sampling else None

@@ -16,7 +16,7 @@ This kernel does the same attention in one launch per layer, whatever the chunks
     and sees keys 0 .. that position (the cached prefix, earlier chunks, and its own chunk causally).
 
 **One program per (query tile, K/V head).** The host cuts each chunk into tiles of ``BLOCK_Q`` queries (a list
-``(sequence, first query)`` per tile, built once per step); the ``group = heads / kv_heads`` query heads of a
+``(sequence, first query)`` per tile, built once per step; a tile of sequence -1 does nothing); the ``group = heads / kv_heads`` query heads of a
 K/V head are rows of the same tile, so a tile is ``BLOCK_Q x group`` rows of q against keys read once per tile.
 The loop runs over the keys up to the tile's last position, in tiles of ``TILE`` keys looked up through the
 block table, with m08's online softmax; the causal mask is ``key <= position`` per row. Rows past a chunk's end
@@ -58,6 +58,8 @@ def _paged_prefill_kernel(
     tile = tl.program_id(0)
     kv_head = tl.program_id(1)
     seq = tl.load(tile_seq_ptr + tile)
+    if seq < 0:  # a tile a captured grid holds beyond this step's (full_graphs.py)
+        return
     first = tl.load(tile_first_ptr + tile)
     q_start = tl.load(query_start_ptr + seq).to(tl.int32)
     q_len = tl.load(query_start_ptr + seq + 1).to(tl.int32) - q_start
@@ -75,6 +77,8 @@ def _paged_prefill_kernel(
     q = tl.load(q_ptr + (q_start + query)[:, None] * stride_q_tok + head[:, None] * stride_q_head + dims[None, :])
     if DOT_FP32:
         q = q.to(tl.float32)
+    elif KV_FP8:  # an FP8 cache's tiles are widened to fp16 (below): the dots run in fp16, q too
+        q = q.to(tl.float16)
     if KV_FP8:
         scale_log2 = scale_log2 * tl.load(k_scale_ptr)
 
@@ -97,8 +101,8 @@ def _paged_prefill_kernel(
         v = tl.load(v_head + (block * stride_v_block + slot * stride_v_slot)[:, None] + dims[None, :],
                     mask=in_range[:, None], other=0.0)
         if KV_FP8:
-            k = k.to(q_ptr.dtype.element_ty)
-            v = v.to(q_ptr.dtype.element_ty)
+            k = k.to(tl.float16)  # e4m3 -> fp16 is one instruction a pair on Hopper; to bf16 it is two
+            v = v.to(tl.float16)
         if DOT_FP32:
             k = k.to(tl.float32)
             v = v.to(tl.float32)

@@ -11,8 +11,8 @@ Three overrides, each at the moment its memory is decided:
   halves, so the same budget buys twice the blocks. Every path that stores or reads K/V asks the cache
   (``write`` / ``gather`` on the torch path, ``kernel_scales`` for m08's kernels and m10's graphs).
 * ``make_attention`` (m05's seam): while an FP8 cache still waits for its scales (``calculate_kv_scales``),
-  the step stores through the cache's torch ``write``, which sets them from the K/V it is given. That is the
-  engine's first step: a prompt, which takes the torch path for its attention anyway.
+  the step stores through the cache's torch ``write``, which sets them from the K/V it is given, and runs
+  eagerly (``replays_mixed_steps``: m12's graphs store through the kernels). That is the engine's first step.
 
 Nothing else changes: the scheduler, the blocks and the CUDA graphs work as before, on fewer bytes.
 """
@@ -103,6 +103,9 @@ class LLMEngine(PreviousEngine):
         if self.config.calculate_kv_scales:
             pool.calculate_scales_on_first_write()
         return pool
+
+    def replays_mixed_steps(self) -> bool:
+        return super().replays_mixed_steps() and not getattr(self.kv_pool, "needs_scales", False)
 
     def make_attention(self, metadata: AttentionMetadata):
         if getattr(self.kv_pool, "needs_scales", False):
