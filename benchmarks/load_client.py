@@ -1,16 +1,7 @@
-"""A streaming load client: many concurrent ``/v1/completions`` streams, timed at the client.
-
-``benchmarks/online.py`` drives servers with it (ours, or any OpenAI-compatible one), and so does the m09
-notebook. Each request is timed from the moment it is sent:
-
-* **TTFT**: until the first chunk that carries a choice (queueing at the server included);
-* **inter-token latency**: the gaps between consecutive such chunks (our server sends one per engine step
-  while it keeps up; a stream that fell behind gets its waiting tokens in one chunk);
-* **end to end**: until the stream's ``[DONE]``.
-
-Arrivals follow a Poisson process at ``rate`` requests/s (exponential gaps, seeded), or all at once when
-``rate`` is infinite (a burst). A client can be told to hang up after a number of chunks, as real clients
-do, to check that the server frees what they held (``disconnect_fraction``).
+"""A streaming load client: many concurrent ``/v1/completions`` streams, timed at the client (``online.py`` and the
+m09 notebook use it). Each request is timed from when it is sent: TTFT (the first chunk with a choice), the gaps
+between chunks, and end to end (``[DONE]``). Arrivals are Poisson at ``rate`` (seeded) or a burst; a share of
+clients can hang up mid-stream (``disconnect_fraction``).
 """
 
 from __future__ import annotations
