@@ -1,14 +1,6 @@
-"""The measuring instrument: named workloads, runners for every milestone and for transformers baselines, a
+"""The measuring instrument: seeded workloads, runners for every milestone and for transformers baselines, a
 harness that times one run, interleaved comparisons, a float32 correctness gate, and one-call GPU suites.
-See ``docs/benchmarks.md``.
-
-From Python::
-
-    from benchmarks import run_benchmark, save_result
-    result = run_benchmark("m02", "single", model="tiny", device="cpu")
-    save_result(result, "benchmarks/results")
-
-From a shell: ``python -m benchmarks.run --milestone m02 --workload single --model tiny --device cpu``.
+See ``docs/benchmarks.md``; from a shell: ``python -m benchmarks.run --milestone m02 --workload single``.
 """
 
 from .compare import Member, run_comparison

@@ -1,18 +1,8 @@
-"""What a tensor-parallel decode step pays to talk: NCCL all-reduce latency at the sizes m14 sends.
-
-Every layer of a tensor-parallel step all-reduces twice (after o_proj and after down_proj) one ``[B, hidden]``
-activation, B the step's tokens. This times exactly that, one process per GPU (spawned here), two ways:
-
-* **eager**: one ``dist.all_reduce`` call at a time, CUDA events around ``--iters`` calls: what an eager step's
-  collectives cost, launch included;
-* **in a CUDA graph**: the ``2 x layers`` all-reduces of one step captured back to back and replayed, as m14's
-  decode graphs replay them: the per-call cost inside a replay, and the whole step's.
+"""What a tensor-parallel decode step pays to talk: NCCL all-reduce latency at the sizes m14 sends (two
+``[B, hidden]`` all-reduces per layer), one process per GPU: eagerly, one call at a time, and replayed from a
+CUDA graph holding a step's ``2 x layers`` of them, as m14's decode graphs do. NVLS stays off.
 
     python -m benchmarks.allreduce_bench --gpus 2 --hidden 1024,4096 --layers 28,36 --out-dir $OUT
-
-One JSON, ``allreduce_<gpus>gpu.json`` under ``--out-dir/<gpu-slug>/``: per (hidden, B) the message bytes, the
-median microseconds per all-reduce eagerly and in a replay, and the step's total (``2 x layers`` of them).
-NVLink multicast (NVLS) stays off: the caller's environment keeps ``NCCL_NVLS_ENABLE=0``.
 """
 
 from __future__ import annotations
@@ -20,13 +10,14 @@ from __future__ import annotations
 import argparse
 import os
 import socket
-import statistics
 from datetime import timedelta
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+from milestones.common.demo import cuda_median_ms
 
 from .env import REPO_ROOT, environment, gpu_slug, write_json
 
@@ -37,21 +28,6 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
-
-
-def cuda_us(fn, iters: int) -> float:
-    """Median microseconds of ``fn()`` over ``iters`` timed calls (after two untimed ones)."""
-    for _ in range(2):
-        fn()
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
-    return statistics.median(times)
 
 
 def measure(rank: int, world_size: int, port: int, hiddens: list[int], layers: list[int], iters: int,
@@ -65,14 +41,14 @@ def measure(rank: int, world_size: int, port: int, hiddens: list[int], layers: l
         calls = 2 * num_layers
         for batch in ROWS:
             tensor = torch.ones(batch, hidden, dtype=torch.bfloat16, device=device)
-            eager = cuda_us(lambda: dist.all_reduce(tensor), iters)
+            eager = cuda_median_ms(lambda: dist.all_reduce(tensor), iters) * 1e3
             graph = torch.cuda.CUDAGraph()
             dist.all_reduce(tensor)  # the communicator is warm before capturing
             torch.cuda.synchronize()
             with torch.cuda.graph(graph):
                 for _ in range(calls):
                     dist.all_reduce(tensor)
-            step = cuda_us(graph.replay, iters)
+            step = cuda_median_ms(graph.replay, iters) * 1e3
             rows.append({"hidden": hidden, "layers": num_layers, "rows": batch, "bytes": batch * hidden * 2,
                          "eager_us": eager, "graph_us_per_call": step / calls, "graph_step_us": step,
                          "all_reduces_per_step": calls})

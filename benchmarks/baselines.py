@@ -1,14 +1,6 @@
-"""transformers as the yardstick: ``generate`` on static batches (``hf-static``) and its continuous batching
-manager (``hf-cb``), on exactly our weights (``hf-compiled``, in ``hf_compiled.py``, adds a static cache and
-compiled decoding steps).
-
-Both build ``transformers.Qwen3ForCausalLM`` from our preset's config (``attn_implementation="sdpa"``) with the
-weights copied from our own engine's model, in the same dtype. **hf-static** runs batches of ``max_num_seqs``
-requests in request order, left-padded, each for its batch's longest output, EOS ignored; each request is
-credited its own first ``max_tokens`` tokens, and a stopping criterion notes the time after every step.
-**hf-cb** submits every request to the manager (``init_continuous_batching`` -> ``add_request`` ->
-``get_result``) with its own ``max_new_tokens``; version differences of transformers 5.x are guarded. The full
-account: docs/benchmarks.md, "The engines".
+"""transformers as the yardstick, on exactly our weights: ``generate`` on static batches (``hf-static``) and its
+continuous batching manager (``hf-cb``); ``hf_compiled.py`` adds ``hf-compiled``. How each is driven, credited
+and timed: docs/benchmarks.md, "The engines".
 """
 
 from __future__ import annotations
@@ -28,13 +20,6 @@ from .runners import (PhaseResult, Runner, kv_bytes_per_token, register_runner, 
 from .workloads import MAX_IN_FLIGHT, Phase, RequestSpec, Workload
 
 PAD_ID = 0  # any id works: padded positions are masked out
-
-
-def _quiet_transformers() -> None:
-    import transformers
-
-    transformers.logging.set_verbosity_error()
-    logging.getLogger("ContinuousBatchingLogger").setLevel(logging.ERROR)
 
 
 def build_hf_model(model: str, device: torch.device, dtype: torch.dtype, seed: int):
@@ -81,9 +66,12 @@ class _BaselineRunner(Runner):
 
     def __init__(self, workload: Workload, *, model: str, device: str, dtype: str, seed: int,
                  overrides: dict | None = None, kv_tokens: int | None = None, inject: bool = True) -> None:
-        _quiet_transformers()
+        import transformers
+
+        transformers.logging.set_verbosity_error()
+        logging.getLogger("ContinuousBatchingLogger").setLevel(logging.ERROR)
         shared = EngineConfig(model=model, device=device, dtype=dtype, seed=seed)
-        self.device, self.dtype = shared.resolve_device(), None
+        self.device = shared.resolve_device()
         self.dtype = shared.resolve_dtype(self.device)
         self.model_name, self.seed = model, seed
         self.overrides = dict(overrides or {})
@@ -102,9 +90,6 @@ class _BaselineRunner(Runner):
 
     def close(self) -> None:
         del self.model
-
-
-# --------------------------------------------------------------------------- static batches
 
 
 class _StepTimer:
@@ -189,7 +174,6 @@ class HFStaticRunner(_BaselineRunner):
         stats = dict(steps=0, tokens_computed=0, padding_tokens=0, prompt_tokens_computed=0,
                      kv_reserved_peak_bytes=0, kv_used_peak_bytes=0)
         outputs: list[RequestOutput] = []
-        first = 0
         sync(self.device)
         start = time.perf_counter()
         with tqdm(total=len(phase.requests), desc=self.name, unit="req", disable=not use_tqdm) as bar:
@@ -197,7 +181,7 @@ class HFStaticRunner(_BaselineRunner):
                 generated, times, longest = self._generate(batch)
                 for row, spec in enumerate(batch):
                     tokens = generated[row, :spec.max_tokens].tolist()
-                    outputs.append(_output(str(first + row), spec, tokens, start, times))
+                    outputs.append(_output(str(len(outputs)), spec, tokens, start, times))
                 new_tokens = generated.shape[1]
                 computed = len(batch) * (longest + new_tokens - 1)
                 useful = sum(r.prompt_len + r.max_tokens - 1 for r in batch)
@@ -209,17 +193,9 @@ class HFStaticRunner(_BaselineRunner):
                 stats["kv_reserved_peak_bytes"] = max(stats["kv_reserved_peak_bytes"],
                                                       reserved * self.kv_bytes_per_token)
                 stats["kv_used_peak_bytes"] = max(stats["kv_used_peak_bytes"], useful * self.kv_bytes_per_token)
-                first += len(batch)
                 bar.update(len(batch))
         sync(self.device)
-        wall = time.perf_counter() - start
-        stats["useful_token_fraction"] = (
-            (stats["tokens_computed"] - stats["padding_tokens"]) / stats["tokens_computed"]
-            if stats["tokens_computed"] else None)
-        return PhaseResult(outputs, wall, stats)
-
-
-# --------------------------------------------------------------------------- continuous batching
+        return PhaseResult(outputs, time.perf_counter() - start, stats)  # harness adds useful_token_fraction
 
 
 def _filter_kwargs(fn, kwargs: dict) -> dict:
@@ -355,7 +331,7 @@ class HFContinuousBatchingRunner(_BaselineRunner):
             outputs, wall = self._run_requests(requests, phase.label, bar)
         stats = dict(steps=None, tokens_computed=None, padding_tokens=None,
                      prompt_tokens_computed=sum(r.prompt_len for r in requests),
-                     kv_reserved_peak_bytes=self._kv_reserved(), kv_used_peak_bytes=None, useful_token_fraction=None)
+                     kv_reserved_peak_bytes=self._kv_reserved(), kv_used_peak_bytes=None)
         return PhaseResult(outputs, wall, stats)
 
     def reset(self) -> bool:

@@ -1,31 +1,11 @@
-"""Interleaved repeats: ratios that survive a noisy host.
-
-Lent GPU hosts differ by up to 2x in kernel-launch speed from one call to the next, and drift within a call.
-A ratio of two runs made minutes (or calls) apart measures the host as much as the engines. So a comparison
-builds its engines once, warms each up, and then alternates timed runs, A, B, A, B, A, B: each pair of
-neighbouring runs sees the same host, and the ratio is taken pair by pair.
+"""Interleaved repeats, ratios that survive a noisy host: build every engine once, warm each up, then alternate
+timed runs, A, B, A, B, A, B, and take each ratio pair by pair (docs/benchmarks.md, "Interleaved repeats").
 
     results = run_comparison([Member("m03"), Member("m04")], get_workload("offline"), repeats=3,
                              model="tiny", device="cpu", dtype="auto")
 
-Each member's result is an ordinary result dict (see ``harness``) plus:
-
-* ``repeats``: one entry per timed run, ``{"repeat", "metrics", "groups", "sweep", "tokens_sha256"}``;
-* ``metrics`` / ``groups`` / ``sweep`` / ``phases`` / ``per_step`` / ``tokens``: those of the *median repeat*
-  (the run with the median wall time; the lower middle one for an even count);
-* ``spread``: ``[min, max]`` over the repeats of the headline figures (``metrics.<key>``, ``groups.<g>.<key>``);
-* ``comparison``: which comparison it belongs to, its members (the first is the reference of its ratios),
-  the metrics its ratios are taken on, whether the engines sat on the GPU together or were built one at a
-  time, the repeats planned, and whether this engine had to be built again before each run.
-
-Every timed run starts from the same state: before runs 2, 3, ... each runner ``reset()``s what the last run
-left behind that would speed up the next (a prefix cache holding the workload's prompts: m06 on empties it with
-``reset_prefix_cache()``); a runner that cannot is built and warmed up again instead.
-
-Engines share the GPU when their K/V pools (sized for the workload, or the workload's budget), their weights,
-the largest per-batch K/V of an engine without a pool and a margin for activations fit in 85% of free memory;
-otherwise each timed run builds, warms up and frees its engine. A time limit stops the comparison between or
-inside runs: finished repeats are kept (``status: "timeout"`` if fewer than planned).
+Each member's result is a ``harness`` result whose figures are its median run's, plus ``repeats`` (every run),
+``spread`` (``[min, max]`` of the headline figures) and ``comparison`` (members, ratio metrics, residency).
 """
 
 from __future__ import annotations
@@ -163,9 +143,8 @@ def summarize_ratios(ratios: list[float]) -> dict | None:
 
 
 def comparison_ratios(results: Sequence[dict]) -> list[dict]:
-    """Each comparison among ``results``: its id, workload, members, reference and residency, and ``ratios``:
-    every member against the reference on every ratio metric, ``{numerator, denominator, metric, median, min,
-    max, n}`` over the pairs of repeats (what a call record and the call's summary hold)."""
+    """Each comparison among ``results`` (id, workload, members, reference, residency) with ``ratios``: every member
+    against the reference on every ratio metric, ``{numerator, denominator, metric, median, min, max, n}``."""
     groups: dict[str, dict[str, dict]] = {}
     for r in results:
         if r.get("comparison") and r.get("repeats"):
@@ -191,11 +170,9 @@ def run_comparison(members: Sequence[Member], workload: Workload, repeats: int =
                    use_tqdm: bool = False, time_limit_s: float | None = None,
                    on_progress: Callable[[list[dict]], None] | None = None,
                    log: Callable[[str], None] | None = print) -> list[dict]:
-    """Build every member once (or once per run if they cannot share the GPU), warm each up, then run
-    ``repeats`` rounds of one timed run per member, in member order. Returns one result per member.
-
-    ``on_progress`` gets the results so far after every timed run (the suite rewrites ``suite.json`` with
-    them); ``time_limit_s`` bounds the whole comparison."""
+    """Build every member once (once per run if they cannot share the GPU), warm each up, then run ``repeats``
+    rounds of one timed run per member; one result per member. ``on_progress`` gets the results after every run
+    (the suite rewrites ``suite.json``); ``time_limit_s`` bounds the whole comparison."""
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     comparison = _Comparison(list(members), workload, repeats, dict(model=model, device=device, dtype=dtype,

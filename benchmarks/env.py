@@ -27,10 +27,8 @@ def gpu_name(device: torch.device | str | None = None) -> str | None:
 
 
 def gpu_slug(device: torch.device | str | None = None) -> str:
-    """A folder name for the hardware: ``h200``, ``h100``, ``a100``, ``rtx-4090``... or ``cpu``.
-
-    ``NVIDIA H200`` -> ``h200``; ``NVIDIA H100 80GB HBM3`` -> ``h100``; ``NVIDIA GeForce RTX 4090`` -> ``rtx-4090``.
-    """
+    """A folder name for the hardware, or ``cpu``: ``NVIDIA H200`` -> ``h200``; ``NVIDIA H100 80GB HBM3`` ->
+    ``h100``; ``NVIDIA GeForce RTX 4090`` -> ``rtx-4090``."""
     name = gpu_name(device)
     if name is None:
         return "cpu"
@@ -61,11 +59,8 @@ _NOT_SOURCE = ":(exclude)benchmarks/results"
 
 
 def source_fingerprint() -> str:
-    """SHA-256 over the ``.py`` / ``.sh`` files under ``milestones/`` and ``benchmarks/`` plus ``pyproject.toml``.
-
-    The GPU machine gets the working tree without ``.git``; this hash still says exactly which code ran, and
-    ``gpu_suite --unpack`` uses it to attach the local git commit to results that came back without one.
-    """
+    """SHA-256 over the ``.py`` / ``.sh`` files under ``milestones/`` and ``benchmarks/`` plus ``pyproject.toml``:
+    which code ran, even where ``.git`` is missing or stale (``gpu_suite --unpack`` attaches the commit by it)."""
     digest = hashlib.sha256()
     files = [REPO_ROOT / "pyproject.toml"]
     for folder in SOURCE_PATHS[:2]:
@@ -78,13 +73,8 @@ def source_fingerprint() -> str:
 
 
 def git_info() -> dict:
-    """Commit and dirty flag (uncommitted or untracked changes under ``SOURCE_PATHS``, results excluded).
-
-    ``NANOSERVE_GIT_COMMIT`` (and ``NANOSERVE_GIT_DIRTY=1``), when the caller sets them, win over the local
-    ``.git``: the GPU machine gets a copy of the working tree whose ``.git`` may be stale (its HEAD an older
-    commit). Without either, they stay null until ``--unpack`` attaches the local
-    commit to results whose ``source_sha256`` matches the local code.
-    """
+    """Commit and dirty flag (changes under ``SOURCE_PATHS``, results excluded). ``NANOSERVE_GIT_COMMIT`` (and
+    ``NANOSERVE_GIT_DIRTY=1``) win over the local ``.git``, which may be stale on the GPU machine."""
     commit = os.environ.get("NANOSERVE_GIT_COMMIT") or None
     if commit is not None:
         dirty = os.environ.get("NANOSERVE_GIT_DIRTY")
@@ -99,19 +89,12 @@ def git_info() -> dict:
 
 def environment(device: torch.device | str | None = None) -> dict:
     device = torch.device(device) if device is not None else None
-    info = {
-        "gpu_name": gpu_name(device),
-        "gpu_slug": gpu_slug(device),
-        "device": str(device) if device is not None else None,
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "triton": _version("triton"),
-        "transformers": _version("transformers"),
-        "python": sys.version.split()[0],
-        "platform": platform.platform(),
-        "hostname": platform.node(),
-        "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-    }
+    """Where a result came from: GPU, library versions, host, time, git commit and source hash."""
+    info = {"gpu_name": gpu_name(device), "gpu_slug": gpu_slug(device),
+            "device": str(device) if device is not None else None, "torch": torch.__version__,
+            "cuda": torch.version.cuda, "triton": _version("triton"), "transformers": _version("transformers"),
+            "python": sys.version.split()[0], "platform": platform.platform(), "hostname": platform.node(),
+            "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
     if device is not None and device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         info["gpu_memory_bytes"] = props.total_memory

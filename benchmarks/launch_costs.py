@@ -3,23 +3,10 @@
     python -m benchmarks.launch_costs                 # on a CUDA machine; writes results/<gpu>/launch_costs.json
     python -m benchmarks.launch_costs --device cpu    # the Python and dispatcher parts only (a smoke test)
 
-An eager decode step of Qwen3-0.6B launches some 540-760 kernels from Python (counted in docs/m10-cuda-graphs.md)
-and costs 10-28 ms on the H200 hosts measured, 14-40 us of host time per launch. This takes one launch apart,
-each part timed alone as the median of ``--rounds`` rounds of ``--iterations`` back-to-back calls:
-
-* ``python_call_us``: calling an ``nn.Module`` whose ``forward`` returns its input (Python and the module's
-  ``__call__``, no tensor work);
-* ``raw_launch_us``: ``torch.cuda._sleep(0)``, one kernel launched from a C++ binding with no dispatcher in the
-  way (the driver's launch plus a thin binding);
-* ``torch_op_us``: ``torch.add(a, b, out=c)`` on 16-element tensors (the dispatcher, the elementwise setup, the
-  launch);
-* ``module_op_us``: a 16 x 16 ``nn.Linear`` called as a module (Python, the dispatcher, a cuBLAS launch);
-* ``triton_launch_us``: a one-program Triton kernel launched from Python (Triton's launcher, then the launch);
-* ``graph_kernel_us``: the GPU time of one ``torch.add`` kernel inside a replayed CUDA graph of many of them
-  (``triton.testing.do_bench_cudagraph``: what a kernel costs once nothing is launched from Python).
-
-Host times are wall time of the calling thread (the GPU runs these tiny kernels faster than the host issues
-them, so the queue never fills and nothing waits for the GPU). A diagnostic for the docs, not a milestone.
+Each part alone, the median of ``--rounds`` rounds of ``--iterations`` back-to-back calls: an ``nn.Module``
+returning its input (``python_call_us``), ``torch.cuda._sleep(0)`` (``raw_launch_us``), ``torch.add`` on 16
+elements (``torch_op_us``), a 16 x 16 ``nn.Linear`` (``module_op_us``), a one-program Triton kernel
+(``triton_launch_us``), and one ``torch.add`` replayed in a CUDA graph (``graph_kernel_us``, GPU time).
 """
 
 from __future__ import annotations
@@ -33,6 +20,7 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from triton.testing import do_bench_cudagraph
 
 from .env import environment, write_json
 
@@ -50,16 +38,6 @@ def host_us_per_call(call: Callable[[], object], iterations: int, rounds: int, s
         per_round.append((time.perf_counter() - start) / iterations * 1e6)
         sync()
     return statistics.median(per_round)
-
-
-def graph_kernel_us(device: torch.device) -> float:
-    """GPU microseconds per ``torch.add`` kernel replayed from a CUDA graph of many of them (``do_bench_cudagraph``:
-    the median over its replays)."""
-    import triton.testing
-
-    a, b, c = (torch.ones(16, device=device) for _ in range(3))
-    with torch.cuda.device(device):
-        return triton.testing.do_bench_cudagraph(lambda: torch.add(a, b, out=c), return_mode="median") * 1e3
 
 
 def triton_launcher(device: torch.device) -> Callable[[], object] | None:
@@ -83,28 +61,21 @@ def triton_launcher(device: torch.device) -> Callable[[], object] | None:
 def measure(device: torch.device, iterations: int, rounds: int) -> dict:
     cuda = device.type == "cuda"
     sync = (lambda: torch.cuda.synchronize(device)) if cuda else (lambda: None)
-    identity = nn.Identity()
-    x = torch.ones(16, device=device)
-    a, b, c = (torch.ones(16, device=device) for _ in range(3))
-    linear = nn.Linear(16, 16, device=device).requires_grad_(False)
-    parts: dict[str, float | None] = {}
+    identity, linear = nn.Identity(), nn.Linear(16, 16, device=device).requires_grad_(False)
+    x, a, b, c = (torch.ones(16, device=device) for _ in range(4))
+    calls = {"python_call_us": lambda: identity(x), "torch_op_us": lambda: torch.add(a, b, out=c),
+             "module_op_us": lambda: linear(x), "raw_launch_us": (lambda: torch.cuda._sleep(0)) if cuda else None,
+             "triton_launch_us": triton_launcher(device)}
     with torch.inference_mode():
-        parts["python_call_us"] = host_us_per_call(lambda: identity(x), iterations, rounds, sync)
-        parts["torch_op_us"] = host_us_per_call(lambda: torch.add(a, b, out=c), iterations, rounds, sync)
-        parts["module_op_us"] = host_us_per_call(lambda: linear(x), iterations, rounds, sync)
-    parts["raw_launch_us"] = host_us_per_call(lambda: torch.cuda._sleep(0), iterations, rounds, sync) if cuda else None
-    launch = triton_launcher(device)
-    parts["triton_launch_us"] = host_us_per_call(launch, iterations, rounds, sync) if launch else None
-    parts["graph_kernel_us"] = graph_kernel_us(device) if cuda else None
-    return {
-        "name": "launch_costs",
-        "env": environment(device),
-        "iterations": iterations,
-        "rounds": rounds,
-        "parts": parts,
-        "not_measured": {k: "needs a CUDA GPU (and Triton for triton_launch_us)" for k, v in parts.items()
-                         if v is None},
-    }
+        parts = {name: host_us_per_call(call, iterations, rounds, sync) if call else None
+                 for name, call in calls.items()}
+    parts["graph_kernel_us"] = None
+    if cuda:  # GPU microseconds per add replayed from a CUDA graph of many (do_bench_cudagraph: median replay)
+        with torch.cuda.device(device):
+            parts["graph_kernel_us"] = do_bench_cudagraph(lambda: torch.add(a, b, out=c), return_mode="median") * 1e3
+    not_measured = {k: "needs a CUDA GPU (and Triton for triton_launch_us)" for k, v in parts.items() if v is None}
+    return {"name": "launch_costs", "env": environment(device), "iterations": iterations, "rounds": rounds,
+            "parts": parts, "not_measured": not_measured}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,17 +1,8 @@
-"""How much of a forward pass is launch overhead? Time the same forward eagerly and replayed from a CUDA graph.
+"""How much of a forward pass is launch overhead? The forward passes the milestones run (m01's 544-token
+sequence, m02's decode step against 544 cached tokens, m03's at 64 rows x 400), timed eagerly and replayed from a
+CUDA graph (``triton.testing``): ``eager - graph`` is roughly the cost of launching from Python.
 
     python -m benchmarks.launch_overhead            # on a CUDA machine; writes results/<gpu>/launch_overhead.json
-
-Eager PyTorch launches every kernel from Python, one after another. A CUDA graph records those launches
-once and replays them with a single call, so ``eager - graph`` is roughly the cost of launching from Python,
-and the graph time is roughly what the GPU itself needs. The forward passes timed are the ones the
-milestones run (the model and attention callables are theirs; no sampling):
-
-* m01's step for a 512-token prompt a quarter of the way through its 128 tokens (the whole 544-token sequence);
-* m02's decode step at the same point (one token against a 544-token K/V cache);
-* m03's decode step for a batch of 64 rows with 400 cached tokens each.
-
-This is a diagnostic for the docs, not a milestone: graphs arrive as a milestone of their own later.
 """
 
 from __future__ import annotations
@@ -66,16 +57,8 @@ def measure(model_name: str) -> dict:
     batch_pos = torch.full((rows, 1), context, device=device)
     m03 = eager_and_graph(lambda: model(batch_ids, batch_pos, PaddedCachedAttention(batch_cache, context, 1, pads)))
 
-    return {
-        "name": "launch_overhead",
-        "env": environment(),
-        "model": {"name": model_name, "dtype": "bfloat16"},
-        "forwards": {
-            "m01_full_sequence_544": m01,
-            "m02_decode_1x544": m02,
-            "m03_decode_64x400": m03,
-        },
-    }
+    return {"name": "launch_overhead", "env": environment(), "model": {"name": model_name, "dtype": "bfloat16"},
+            "forwards": {"m01_full_sequence_544": m01, "m02_decode_1x544": m02, "m03_decode_64x400": m03}}
 
 
 def main(argv: list[str] | None = None) -> None:

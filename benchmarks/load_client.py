@@ -1,16 +1,7 @@
-"""A streaming load client: many concurrent ``/v1/completions`` streams, timed at the client.
-
-``benchmarks/online.py`` drives servers with it (ours, or any OpenAI-compatible one), and so does the m09
-notebook. Each request is timed from the moment it is sent:
-
-* **TTFT**: until the first chunk that carries a choice (queueing at the server included);
-* **inter-token latency**: the gaps between consecutive such chunks (our server sends one per engine step
-  while it keeps up; a stream that fell behind gets its waiting tokens in one chunk);
-* **end to end**: until the stream's ``[DONE]``.
-
-Arrivals follow a Poisson process at ``rate`` requests/s (exponential gaps, seeded), or all at once when
-``rate`` is infinite (a burst). A client can be told to hang up after a number of chunks, as real clients
-do, to check that the server frees what they held (``disconnect_fraction``).
+"""A streaming load client: many concurrent ``/v1/completions`` streams, timed at the client (``online.py`` and the
+m09 notebook use it). Each request is timed from when it is sent: TTFT (the first chunk with a choice), the gaps
+between chunks, and end to end (``[DONE]``). Arrivals are Poisson at ``rate`` (seeded) or a burst; a share of
+clients can hang up mid-stream (``disconnect_fraction``).
 """
 
 from __future__ import annotations
@@ -160,21 +151,15 @@ def summarize(results: Sequence[RequestResult], wall_s: float) -> dict:
     itls = [gap for r in done for gap in r.inter_token_latencies]
     e2es = [r.e2e for r in done]
     output_tokens = sum(r.output_tokens or 0 for r in done)
-    return {
-        "num_requests": len(results),
-        "completed": len(done),
-        "completed_full_length": sum(r.full_length for r in results),
-        "errors": sum(r.error is not None for r in results),
-        "disconnected": sum(r.disconnected for r in results),
-        "output_tokens": output_tokens,
-        "prompt_tokens": sum(r.prompt_tokens or 0 for r in done),
-        "cached_tokens": sum(r.cached_tokens or 0 for r in done),
-        "wall_time_s": wall_s,
-        "output_tokens_per_s": output_tokens / wall_s if wall_s > 0 else None,
-        "requests_per_s": len(done) / wall_s if wall_s > 0 else None,
-        "ttft_p50_s": percentile(ttfts, 50), "ttft_p99_s": percentile(ttfts, 99),
-        "itl_mean_s": statistics.fmean(itls) if itls else None,
-        "itl_p50_s": percentile(itls, 50), "itl_p99_s": percentile(itls, 99),
-        "e2e_p50_s": percentile(e2es, 50), "e2e_p99_s": percentile(e2es, 99),
-        "error_samples": sorted({r.error for r in results if r.error is not None})[:5],
-    }
+    return {"num_requests": len(results), "completed": len(done),
+            "completed_full_length": sum(r.full_length for r in results),
+            "errors": sum(r.error is not None for r in results), "disconnected": sum(r.disconnected for r in results),
+            "output_tokens": output_tokens, "prompt_tokens": sum(r.prompt_tokens or 0 for r in done),
+            "cached_tokens": sum(r.cached_tokens or 0 for r in done), "wall_time_s": wall_s,
+            "output_tokens_per_s": output_tokens / wall_s if wall_s > 0 else None,
+            "requests_per_s": len(done) / wall_s if wall_s > 0 else None,
+            "ttft_p50_s": percentile(ttfts, 50), "ttft_p99_s": percentile(ttfts, 99),
+            "itl_mean_s": statistics.fmean(itls) if itls else None,
+            "itl_p50_s": percentile(itls, 50), "itl_p99_s": percentile(itls, 99),
+            "e2e_p50_s": percentile(e2es, 50), "e2e_p99_s": percentile(e2es, 99),
+            "error_samples": sorted({r.error for r in results if r.error is not None})[:5]}

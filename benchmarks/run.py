@@ -1,13 +1,10 @@
 """Command line: run milestones / baselines on workloads and write one JSON per run.
 
-    python -m benchmarks.run --milestone m02 --workload single
     python -m benchmarks.run --milestone m01,m02 --workload single,single-sweep --device cuda
-    python -m benchmarks.run --milestone hf-static --workload offline --model tiny --device cpu --max-requests 4
     python -m benchmarks.run --milestone m04 --workload nanovllm --config kv_cache_tokens=65536 --tag kv64k
 
-Results go to ``<out>/<gpu-slug>/<milestone>_<workload>.json`` (``--out`` defaults to ``benchmarks/results``).
-A summary table is printed at the end; the exit status is 1 if any run failed (a run the engine cannot do at
-all, such as m03 on `memory-bound`, is skipped with the reason, not failed).
+Results go to ``<out>/<gpu-slug>/<milestone>_<workload>.json``; a table is printed at the end. The exit status is
+1 if a run failed (a run the engine cannot do at all, such as m03 on ``memory-bound``, is skipped, not failed).
 """
 
 from __future__ import annotations

@@ -1,23 +1,11 @@
-"""Runners: one engine on one device, driven the way a workload says. The harness only talks to this interface.
+"""Runners: one engine on one device, driven the way a workload says; the harness only talks to this interface.
+
+A milestone (``m04``, ``m04_continuous_batching``) is found under ``milestones/`` and run by ``MilestoneRunner``;
+anything else is looked up in a registry filled by ``@register_runner("hf-static")`` in the modules named in
+``RUNNER_PLUGINS`` (imported on first lookup, so the imports run one way). K/V sizing: docs/benchmarks.md.
 
     runner = make_runner("m04", workload, model="tiny", device="cpu", dtype="auto", seed=0)
-    runner.warmup()
-    result = runner.run_phase(workload.phases[0], use_tqdm=False)   # a PhaseResult
-    runner.close()
-
-Two kinds of runner exist:
-
-* a **milestone** (``m01``, ``m04_continuous_batching`` ...) is found by name under ``milestones/`` and run by
-  ``MilestoneRunner`` (below): ``generate`` per phase, or its step API where the workload's client needs it;
-* anything else is looked up in a **registry**: ``@register_runner("hf-static")`` on a ``Runner`` subclass adds
-  it. Modules that register runners are listed in ``RUNNER_PLUGINS`` and imported on first lookup, so the
-  dependency runs one way: ``baselines.py`` imports this module, never the reverse, and neither imports the
-  harness. A new baseline is one class with the decorator (plus its module in ``RUNNER_PLUGINS``).
-
-K/V sizing. A runner can be told to hold ``kv_tokens`` tokens of K/V (the harness asks for "enough for the
-whole workload", so that several engines fit on one GPU side by side); a workload with a ``kv_budget_gib``
-(``memory-bound``) overrides that. Each engine gets the budget through its own knob: ``kv_cache_memory_bytes``
-where its ``EngineConfig`` has one (m05 on), else ``kv_cache_tokens`` = budget bytes // bytes per token (m04).
+    runner.warmup(); result = runner.run_phase(workload.phases[0], use_tqdm=False); runner.close()
 """
 
 from __future__ import annotations
@@ -54,10 +42,8 @@ class PhaseResult:
 
 
 class Runner:
-    """One engine on one device. Subclasses: ``MilestoneRunner`` here, registered runners elsewhere.
-
-    Constructed as ``cls(workload, model=, device=, dtype=, seed=, overrides=, kv_tokens=, inject=)``.
-    """
+    """One engine on one device, built as ``cls(workload, model=, device=, dtype=, seed=, overrides=, kv_tokens=,
+    inject=)``: ``MilestoneRunner`` here, registered runners elsewhere."""
 
     name: str = "?"  # registry name, or the milestone's short name
     engine_label: str = "?"
@@ -75,8 +61,8 @@ class Runner:
         raise NotImplementedError
 
     def warmup(self) -> dict | None:
-        """Run untimed work so that compilation, graph capture and first allocations stay out of the timing.
-        Returns what it ran, for the JSON's ``warmup``, where that is not the default (``warmup_requests()``)."""
+        """Untimed work (compilation, graph capture, first allocations); returns what it ran where that is not
+        ``warmup_requests()``, for the JSON's ``warmup``."""
         raise NotImplementedError
 
     def run_phase(self, phase: Phase, use_tqdm: bool) -> PhaseResult:
@@ -90,8 +76,6 @@ class Runner:
     def close(self) -> None:
         pass
 
-
-# --------------------------------------------------------------------------- the registry
 
 _RUNNERS: dict[str, type[Runner]] = {}
 
@@ -208,16 +192,9 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-# --------------------------------------------------------------------------- milestones
-
-
 class MilestoneRunner(Runner):
-    """A milestone's ``LLMEngine``, one ``SamplingParams(max_tokens, temperature=0, ignore_eos)`` per request.
-
-    Phases run through ``generate``, except where the workload's client needs the step API: ``inject``
-    (long prompts added mid-decode; engines without a step API fall back to ``generate``) and ``abort``
-    (each request aborted when it has its ``stop_after`` tokens, and credited exactly those).
-    """
+    """A milestone's ``LLMEngine``, greedy with ``ignore_eos``: ``generate`` per phase, or the step API where the
+    workload's client needs it (``inject``: long prompts added mid-decode; ``abort``: at ``stop_after`` tokens)."""
 
     def __init__(self, workload: Workload, *, module_name: str, model: str, device: str, dtype: str, seed: int,
                  overrides: dict | None = None, kv_tokens: int | None = None, inject: bool = True) -> None:
@@ -329,12 +306,8 @@ class MilestoneRunner(Runner):
 
     @torch.inference_mode()
     def _run_steps(self, phase: Phase, inject_every: int | None, use_tqdm: bool) -> PhaseResult:
-        """Drive the step API as a client would.
-
-        * ``inject_every``: the ``long_prompt`` requests wait; long prompt ``k`` is added after
-          ``inject_every * (k + 1)`` engine steps (or at once if the engine runs dry), the rest at the start.
-        * a request with ``stop_after`` is aborted after the step that gave it that many tokens.
-        """
+        """Drive the step API as a client would: long prompt ``k`` added after ``inject_every * (k + 1)`` steps (or
+        when the engine runs dry), a request with ``stop_after`` aborted after the step that gave it that many."""
         from tqdm.auto import tqdm
 
         engine = self.engine

@@ -1,15 +1,9 @@
 """Where a steady-state step's time goes: the exact ``nanovllm`` workload, driven step by step, measured twice.
 
-1. **Wall time** of steps ``[start, start + n)`` with nothing watching (synchronised at both ends): the figure a
-   user sees. The host's share is this minus the time it spent waiting for the GPU (``cudaEventSynchronize``,
-   the sampled ids' copy), measured in window 2.
-2. **The same number of steps right after, under the torch profiler**: the GPU-busy time (the union of every
-   kernel and copy on the device), the biggest kernels, and the host's blocked time.
-
-Every decode step reads all the K/V of every running request (``context_len * kv_bytes_per_token`` each): that,
-over the copy bandwidth measured here (a large device-to-device copy), is the floor the paged kernel works
-against. The ratio ``wall / GPU-busy`` says how much of a step the host costs (m10: the host and the GPU take
-turns; m12: the host's work is hidden behind the GPU's).
+Steps ``[start, start + n)`` with nothing watching give the wall time; the next ``n`` under the torch profiler
+give the GPU-busy time (the union of every kernel and copy), the biggest kernels and the host's blocked time.
+Each step's K/V bytes over the copy bandwidth is the floor the paged kernel works against; ``wall / GPU-busy``
+says how much of a step the host costs. ``--whole``: a whole workload, graph and eager steps timed apart.
 
     python -m benchmarks.step_probe --milestone m10,m11,m12 --out-dir $OUT
 """
@@ -25,6 +19,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from .env import REPO_ROOT, environment, write_json
+from .harness import free_memory
 from .runners import kv_tokens_needed, make_runner, sync
 from .workloads import get_workload
 
@@ -124,8 +119,7 @@ def probe(milestone: str, start: int, num_steps: int, model: str, overrides: dic
         print(f"    {ms:7.3f} ms  {name[:110]}")
     runner.close()  # m14: its worker processes go now
     del runner, engine
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
+    free_memory()
     return result
 
 
@@ -158,9 +152,9 @@ def whole_run(milestone: str, workload_name: str, model: str, overrides: dict, d
     print(f"{engine.milestone} on {workload_name}: {wall:.2f} s, {tokens / wall:,.0f} output tok/s; "
           + "; ".join(f"{k}: {n} steps, {t:.2f} s ({t / n * 1e3 if n else 0:.1f} ms each)"
                       for k, (n, t) in kinds.items()), flush=True)
+    runner.close()
     del runner, engine
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
+    free_memory()
     return result
 
 

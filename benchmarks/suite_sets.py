@@ -1,18 +1,8 @@
-"""The named sets of the GPU suite: what one call of ``benchmarks/gpu_suite.sh --set NAME`` runs.
-
-Three kinds of entry:
-
-* ``Run(engine, workload, est_s)``: one timed run, as ``python -m benchmarks.run`` does it. Good for figures
-  that are not ratios (per-token latency along a sweep, memory peaks).
-* ``Compare(engines, workload, repeats=3)``: interleaved repeats (``compare.py``): build every engine once,
-  warm each up, then A, B, A, B, A, B. Every ratio the docs quote comes from one of these.
-* ``Gate(engines, workloads)``: the float32 correctness gate only (``gate.py``). Every engine a call measures
-  is gated on its workloads anyway, first thing in the call; a ``Gate`` adds checks without measuring.
-
-Times are rough H200 seconds (qwen3-0.6b-random, bf16): ``est_s`` of a run includes its build and warm-up; a
-comparison's estimate is each engine's ``build_s`` plus ``repeats`` x its ``run_s``. Before each entry the
-suite checks that the estimate fits in what is left of the budget; what does not fit is skipped, not cut.
-Measured figures behind the estimates: ``benchmarks/results/h200/`` (``total_time_s`` and ``metrics.wall_time_s``).
+"""The named sets of the GPU suite: what ``benchmarks/gpu_suite.sh --set NAME`` runs, named by what they measure
+(which sets a past call ran is in its record, ``results/h200/calls/``). Entries: ``Run`` (one timed run),
+``Compare`` (interleaved repeats: every ratio the docs quote) and ``Gate`` (gate checks only). Times are rough
+H200 seconds (qwen3-0.6b-random, bf16): a run's ``est_s`` includes build and warm-up; a comparison's estimate is
+each engine's ``build_s`` plus ``repeats`` x its ``run_s``. What does not fit the budget is skipped, not cut.
 """
 
 from __future__ import annotations
@@ -216,9 +206,8 @@ SETS: dict[str, list[Entry]] = {  # named by what they measure; calls/*.json rec
     "m10-m12-nanovllm-pair": [Compare(("m10", "m12"), "nanovllm", run_s=(10, 7), build_s=(12, 18))],
     "m10-m12-offline-peers": [Compare(("hf-compiled", "m10", "m12"), "offline", run_s=(8, 3, 2), build_s=(110, 12, 18))],
     "m10-m12-memory-bound": [Compare(("m10", "m12"), "memory-bound", run_s=(5, 4), build_s=12)],
-    # ---- issue 20 (m13): FP8 K/V against the bf16 K/V cache, both m13, on Qwen3-0.6B's shape (guesses until
-    # measured: m10's times). The gate checks m13 unquantized (gpu_suite.LOSSY_KNOBS). The batch-1 step on
-    # qwen3-8b-random is benchmarks/quant_step.py's, the logit errors benchmarks/quant_accuracy.py's.
+    # ---- m13: FP8 K/V against the bf16 K/V cache, on Qwen3-0.6B's shape; the gate checks m13 unquantized
+    # (gpu_suite.LOSSY_KNOBS). The 8B decode step is quant_step.py's, the logit errors quant_accuracy.py's.
     "m13-fp8-kv": [
         Compare(("m13", FP8_KV), "nanovllm", run_s=(15, 13), build_s=20),
         Compare(("m13", FP8_KV), "memory-bound", run_s=(12, 10), build_s=20),

@@ -1,35 +1,6 @@
-"""Every benchmark workload, in one place: seeded random token-id prompts, greedy decoding, EOS ignored.
-
-A workload is a list of *phases*; each phase is one ``generate`` call holding one or more requests. Most
-workloads have a single phase; ``single-sweep`` has one phase per prompt length, so each length is timed on
-its own. Prompts are random token ids in ``[0, 151643)``: ordinary BPE tokens, never a special token, so the
-same workload runs on any Qwen3 preset and needs no tokenizer. Every request asks for a fixed number of output
-tokens (``ignore_eos``), so the work done does not depend on what the random model happens to emit.
-
-``get_workload(name)`` builds a workload; the same name and seed always give the same token ids. Shapes:
-
-============  =========  =============================  =================================  =========
-name          requests   prompt tokens                  output tokens                      in flight
-============  =========  =============================  =================================  =========
-single        1          512                            128                                1
-single-sweep  6 (x1)     64, 128, ... 2048              32 each                            1
-long-sweep    4 (x1)     4096, 8192, 16384, 32768       16 each                            1
-offline       128        uniform 32..512                uniform 16..256                    64
-nanovllm      256        uniform 100..1024 (ids <10k)   uniform 100..1024 (133,966 total)  256
-skewed        128        uniform 32..512                1 in 8: 512..1024, else 16..64     64
-memory-bound  96         uniform 100..1024              cap 1024; client stops at a        256
-                                                        lognormal length (median ~150)
-prefix        32         1024 shared + 32 own           32                                 64
-prefix-large  256        4096 shared + 64 own           16                                 64
-chunked       16 + 6     16 x 128, 6 x 2048             128 (decoders), 16 (long)          64
-chunked-long  16 + 4     16 x 128, 4 x 16k..32k         128 (decoders), 16 (long)          64
-============  =========  =============================  =================================  =========
-
-How the requests reach the engine is the workload's ``client``: ``generate`` (each phase in one call),
-``inject`` (engines with a step API get the long prompts mid-decode; others get everything at once), or
-``abort`` (step API only: the client aborts each request when it has its real length, ``stop_after``).
-
-Milestones too slow for a workload run a documented *slice* (the first N requests): ``DEFAULT_SLICES``.
+"""Every benchmark workload: seeded random token-id prompts, greedy decoding, EOS ignored (so the work done does
+not depend on what a random model emits). ``get_workload(name)`` builds one; the same name and seed always give
+the same token ids. The table of workloads, their clients and slices: docs/benchmarks.md, "The workloads".
 """
 
 from __future__ import annotations
@@ -47,12 +18,8 @@ CLIENTS = ("generate", "inject", "abort")  # how a workload's requests reach the
 
 @dataclass(frozen=True)
 class RequestSpec:
-    """One request: its prompt ids, its ``max_tokens``, and a group label for per-group stats.
-
-    ``stop_after``: where the client stops the request (``abort``), if before ``max_tokens``: the request's
-    real length, which the engine cannot know in advance (``memory-bound``). ``output_len`` is what the
-    request is credited with: ``stop_after`` if set, else ``max_tokens``.
-    """
+    """One request: prompt ids, ``max_tokens``, a group label, and ``stop_after``: where the client stops it
+    (``abort``), its real length that the engine cannot foresee. It is credited ``output_len`` tokens."""
 
     prompt_token_ids: tuple[int, ...]
     max_tokens: int
@@ -90,16 +57,9 @@ class Slice:
 
 @dataclass(frozen=True)
 class Workload:
-    """A named, seeded list of phases, and how an engine must be set up and driven to run it.
-
-    * ``max_num_seqs``: the in-flight cap given to engines that have the knob (None: the engine's default).
-    * ``client``: ``generate`` (each phase in one ``generate`` call), ``inject`` (engines with a step API
-      get the ``long_prompt`` requests mid-decode, every ``params["inject_every_decode_steps"]`` steps; the
-      others get everything at once), ``abort`` (step API required: the client aborts each request when it
-      has ``stop_after`` tokens).
-    * ``kv_budget_gib``: the K/V memory engines get (``memory-bound``), turned into each engine's own knob by
-      the runner; None: enough for the whole workload.
-    """
+    """A named, seeded list of phases and how to drive them: ``max_num_seqs`` (the in-flight cap, None: the
+    engine's default), ``client`` (``CLIENTS``: ``generate``, ``inject`` or ``abort``) and ``kv_budget_gib`` (the
+    K/V memory every engine gets; None: enough for the whole workload)."""
 
     name: str
     description: str
@@ -160,28 +120,14 @@ class Workload:
 
     def describe(self) -> dict:
         """What a result JSON records about the workload."""
-        return {
-            "name": self.name,
-            "description": self.description,
-            "params": dict(self.params),
-            "max_num_seqs": self.max_num_seqs,
-            "num_requests": self.num_requests,
-            "num_requests_total": self.num_requests_total,
-            "prompt_tokens": self.prompt_tokens,
-            "output_tokens": self.output_tokens,
-            "max_seq_len": self.max_seq_len,
-            "client": self.client,
-            "kv_budget_gib": self.kv_budget_gib,
-            "phases": [{"label": p.label, "num_requests": len(p.requests)} for p in self.phases],
-            "slice": None if self.slice is None else {
-                "num_requests_run": self.slice.num_requests,
-                "num_requests_total": self.num_requests_total,
-                "reason": self.slice.reason,
-            },
-        }
-
-
-# --------------------------------------------------------------------------- builders
+        facts = ("max_num_seqs", "num_requests", "num_requests_total", "prompt_tokens", "output_tokens", "max_seq_len",
+                 "client", "kv_budget_gib")
+        return {"name": self.name, "description": self.description, "params": dict(self.params),
+                **{key: getattr(self, key) for key in facts},
+                "phases": [{"label": p.label, "num_requests": len(p.requests)} for p in self.phases],
+                "slice": None if self.slice is None else {"num_requests_run": self.slice.num_requests,
+                                                          "num_requests_total": self.num_requests_total,
+                                                          "reason": self.slice.reason}}
 
 
 def _rng(name: str, seed: int) -> random.Random:
@@ -297,14 +243,8 @@ MEMORY_BOUND = {"num_requests": 96, "prompt_len_range": [100, 1024], "max_tokens
 
 
 def _memory_bound(seed: int) -> Workload:
-    """Over-reservation as real traffic has it: every request may run to 1024 tokens, few do.
-
-    Each request's real length is drawn from a lognormal (median 150, sigma 0.8, clipped to [8, 512]); the
-    engine only sees ``max_tokens=1024`` and learns the real end when the client aborts the request there
-    (as a stop string, or a client that has what it needs, would). The K/V budget binds, so an engine that
-    reserves each request's maximum (m04) holds far fewer requests in flight than one that allocates as
-    tokens arrive (m05).
-    """
+    """Over-reservation as real traffic has it: every request may run to 1024 tokens, few do; the client
+    aborts each at its real length (lognormal), and the K/V budget binds."""
     c = MEMORY_BOUND
     rng = _rng("memory-bound", seed)
     low, high = c["output_len_clip"]
@@ -382,19 +322,9 @@ def _chunked_long(seed: int) -> Workload:
         {**c, "seed": seed, "long_prompt_lens": lengths}, rng, lengths)
 
 
-_BUILDERS = {
-    "single": _single,
-    "single-sweep": _single_sweep,
-    "long-sweep": _long_sweep,
-    "offline": _offline,
-    "nanovllm": _nanovllm,
-    "skewed": _skewed,
-    "memory-bound": _memory_bound,
-    "prefix": _prefix,
-    "prefix-large": _prefix_large,
-    "chunked": _chunked,
-    "chunked-long": _chunked_long,
-}
+_BUILDERS = {"single": _single, "single-sweep": _single_sweep, "long-sweep": _long_sweep, "offline": _offline,
+             "nanovllm": _nanovllm, "skewed": _skewed, "memory-bound": _memory_bound, "prefix": _prefix,
+             "prefix-large": _prefix_large, "chunked": _chunked, "chunked-long": _chunked_long}
 WORKLOADS: tuple[str, ...] = tuple(_BUILDERS)
 
 # Milestones that run requests one at a time are too slow for the big workloads: they run the first N
