@@ -89,6 +89,7 @@ Entry = Run | Compare | Gate
 
 
 FP8_KV = Member("m13", (("kv_cache_dtype", "fp8"),), "fp8kv")  # m13 with its K/V cache in float8 e4m3
+PIECEWISE = Member("m12", (("cudagraph_mode", "full_and_piecewise"),), "piecewise")  # mixed steps in pieces
 
 
 def budgets(milestone: str, values: tuple[int | None, ...]) -> tuple[Member, ...]:
@@ -205,9 +206,12 @@ SETS: dict[str, list[Entry]] = {  # named by what they measure; calls/*.json rec
     "m10-m12-nanovllm": [Compare(("m10", "m11", "m12"), "nanovllm", run_s=(11, 11, 8), build_s=12)],
     "m10-m12-nanovllm-pair": [Compare(("m10", "m12"), "nanovllm", run_s=(10, 7), build_s=(12, 18))],
     "m10-m12-offline-peers": [Compare(("hf-compiled", "m10", "m12"), "offline", run_s=(8, 3, 2), build_s=(110, 12, 18))],
+    "m12-mixed-step-graphs": [Compare(("hf-compiled", "m10", PIECEWISE, "m12"), "offline", run_s=(8, 3, 2, 2),
+                                      build_s=(110, 12, 18, 18))],  # mixed steps whole against in pieces
     "m10-m12-memory-bound": [Compare(("m10", "m12"), "memory-bound", run_s=(5, 4), build_s=12)],
     # ---- m13: FP8 K/V against the bf16 K/V cache, on Qwen3-0.6B's shape; the gate checks m13 unquantized
     # (gpu_suite.LOSSY_KNOBS). The 8B decode step is quant_step.py's, the logit errors quant_accuracy.py's.
+    "m13-fp8-kv-nanovllm": [Compare(("m13", FP8_KV), "nanovllm", run_s=(15, 13), build_s=20)],
     "m13-fp8-kv": [
         Compare(("m13", FP8_KV), "nanovllm", run_s=(15, 13), build_s=20),
         Compare(("m13", FP8_KV), "memory-bound", run_s=(12, 10), build_s=20),
