@@ -147,8 +147,10 @@ FIGURES: dict[str, tuple[Figure, ...]] = {
                    versus="m11", note="the host's work hidden behind the GPU's, and fewer, larger kernels in the decode graphs"),
             Figure("hf-compiled_offline+beside-m12", "m12_offline", "output_tokens_per_s", TOKS, "offline",
                    versus="hf-compiled", same_comparison=True,
-                   note="target 5x, not met: steps with prompt chunks, replayed in pieces, still take most of the "
-                        "wall time (m12's page)"),
+                   note="target 5x, met with steps with prompt chunks replayed whole (one prefill kernel a layer)"),
+            Figure("m12_offline+piecewise", "m12_offline", "output_tokens_per_s", TOKS, "offline",
+                   versus="m12 with mixed steps in pieces", same_comparison=True,
+                   note="cudagraph_mode full against full_and_piecewise: the attention recorded too"),
             Figure("m10_offline+beside-m12", "m12_offline", "output_tokens_per_s", TOKS, "offline",
                    versus="m10", same_comparison=True),
             Figure("m10_memory-bound+beside-m12", "m12_memory-bound", "output_tokens_per_s", TOKS, "memory-bound",
