@@ -61,6 +61,59 @@ LOG2_E = math.log2(math.e)  # scores are kept in base 2: exp(x) = exp2(x * log2(
 # --------------------------------------------------------------------------- the kernels
 
 
+@triton.jit
+def _widen_q(q, scale_log2, k_scale_ptr, KV_FP8: tl.constexpr, DOT_FP32: tl.constexpr):
+    """q in the dots' dtype (float32, or fp16 beside an FP8 cache, whose tiles are widened to fp16), and the
+    scores' scale with an FP8 cache's K scale folded in."""
+    if DOT_FP32:
+        q = q.to(tl.float32)
+    elif KV_FP8:
+        q = q.to(tl.float16)
+    if KV_FP8:
+        scale_log2 = scale_log2 * tl.load(k_scale_ptr)
+    return q, scale_log2
+
+
+@triton.jit
+def _load_kv_tile(k_head, v_head, block, slot, dims, valid, stride_k_block, stride_k_slot, stride_v_block,
+                  stride_v_slot, KV_FP8: tl.constexpr, DOT_FP32: tl.constexpr):
+    """A ``[TILE, head_dim]`` tile of K and of V, key ``i`` at slot ``slot[i]`` of block ``block[i]`` (rows not
+    ``valid`` read as 0), widened for the dots: an FP8 cache's values to fp16 (one instruction a pair on Hopper;
+    to bf16 it is two), everything to float32 where the dots run in float32. m12's prefill kernel reads it too."""
+    k = tl.load(k_head + (block * stride_k_block + slot * stride_k_slot)[:, None] + dims[None, :],
+                mask=valid[:, None], other=0.0)
+    v = tl.load(v_head + (block * stride_v_block + slot * stride_v_slot)[:, None] + dims[None, :],
+                mask=valid[:, None], other=0.0)
+    if KV_FP8:
+        k = k.to(tl.float16)
+        v = v.to(tl.float16)
+    if DOT_FP32:
+        k = k.to(tl.float32)
+        v = v.to(tl.float32)
+    return k, v
+
+
+@triton.jit
+def _online_softmax_step(q, k, v, visible, scale_log2, m, l, acc, IEEE: tl.constexpr):
+    """Fold one tile of keys into the running ``(m, l, acc)`` of the rows of ``q``: scores in base 2, keys a
+    row may not see (``visible`` false) at -inf; a new maximum rescales what came before by ``2^(m_old - m_new)``.
+    ``IEEE``: float32 data, full-precision dots (not tf32)."""
+    if IEEE:
+        scores = tl.dot(q, tl.trans(k), input_precision="ieee")
+    else:
+        scores = tl.dot(q, tl.trans(k))
+    scores = tl.where(visible, scores * scale_log2, float("-inf"))  # [rows, TILE]
+    m_new = tl.maximum(m, tl.max(scores, 1))
+    alpha = tl.exp2(m - m_new)
+    p = tl.exp2(scores - m_new[:, None])
+    l = l * alpha + tl.sum(p, 1)
+    if IEEE:
+        pv = tl.dot(p, v, input_precision="ieee")
+    else:
+        pv = tl.dot(p.to(v.dtype), v)
+    return m_new, l, acc * alpha[:, None] + pv
+
+
 @device_kernel
 @triton.jit(do_not_specialize=["num_splits", "max_blocks", "stride_table"])
 def _paged_decode_kernel(
@@ -103,12 +156,7 @@ def _paged_decode_kernel(
     heads = kv_head * GROUP + rows
     q = tl.load(q_ptr + seq * stride_q_seq + heads[:, None] * stride_q_head + dims[None, :],
                 mask=(rows < GROUP)[:, None], other=0.0)
-    if DOT_FP32:
-        q = q.to(tl.float32)
-    elif KV_FP8:  # an FP8 cache's tiles are widened to fp16 (below): the dots run in fp16, q too
-        q = q.to(tl.float16)
-    if KV_FP8:
-        scale_log2 = scale_log2 * tl.load(k_scale_ptr)
+    q, scale_log2 = _widen_q(q, scale_log2, k_scale_ptr, KV_FP8, DOT_FP32)
 
     m = tl.full([GROUP_ROWS], float("-inf"), tl.float32)  # running max of the scores (base-2 units)
     l = tl.zeros([GROUP_ROWS], tl.float32)  # running sum of 2^(score - m)
@@ -127,33 +175,10 @@ def _paged_decode_kernel(
         block = next_blocks.to(tl.int64)
         next_keys = keys + TILE
         next_blocks = tl.load(table_row + next_keys // BLOCK_SIZE, mask=next_keys < end, other=0)
-        slot = keys % BLOCK_SIZE
-        k = tl.load(k_head + (block * stride_k_block + slot * stride_k_slot)[:, None] + dims[None, :],
-                    mask=valid[:, None], other=0.0)
-        v = tl.load(v_head + (block * stride_v_block + slot * stride_v_slot)[:, None] + dims[None, :],
-                    mask=valid[:, None], other=0.0)
-        if KV_FP8:
-            k = k.to(tl.float16)  # e4m3 -> fp16 is one instruction a pair on Hopper; to bf16 it is two
-            v = v.to(tl.float16)
-        if DOT_FP32:
-            k = k.to(tl.float32)
-            v = v.to(tl.float32)
-        if IEEE:  # float32 data: full-precision dots, not tf32
-            scores = tl.dot(q, tl.trans(k), input_precision="ieee")
-        else:
-            scores = tl.dot(q, tl.trans(k))
-        scores = tl.where(valid[None, :], scores * scale_log2, float("-inf"))  # [GROUP_ROWS, TILE]
-        # Each tile holds at least one valid key, so m_new is finite and the exponents below are well defined.
-        m_new = tl.maximum(m, tl.max(scores, 1))
-        alpha = tl.exp2(m - m_new)
-        p = tl.exp2(scores - m_new[:, None])
-        l = l * alpha + tl.sum(p, 1)
-        if IEEE:
-            pv = tl.dot(p, v, input_precision="ieee")
-        else:
-            pv = tl.dot(p.to(v.dtype), v)
-        acc = acc * alpha[:, None] + pv
-        m = m_new
+        k, v = _load_kv_tile(k_head, v_head, block, keys % BLOCK_SIZE, dims, valid, stride_k_block, stride_k_slot,
+                             stride_v_block, stride_v_slot, KV_FP8, DOT_FP32)
+        # Each tile holds at least one valid key, so m stays finite and the exponents are well defined.
+        m, l, acc = _online_softmax_step(q, k, v, valid[None, :], scale_log2, m, l, acc, IEEE)
 
     has_keys = l > 0  # false only for an empty split, or a padding row with context length 0
     out = acc / tl.where(has_keys, l, 1.0)[:, None]

@@ -19,7 +19,7 @@ This kernel does the same attention in one launch per layer, whatever the chunks
 ``(sequence, first query)`` per tile, built once per step; a tile of sequence -1 does nothing); the ``group = heads / kv_heads`` query heads of a
 K/V head are rows of the same tile, so a tile is ``BLOCK_Q x group`` rows of q against keys read once per tile.
 The loop runs over the keys up to the tile's last position, in tiles of ``TILE`` keys looked up through the
-block table, with m08's online softmax; the causal mask is ``key <= position`` per row. Rows past a chunk's end
+block table, with m08's tile loads and online softmax (``_load_kv_tile``, ``_online_softmax_step``); the causal mask is ``key <= position`` per row. Rows past a chunk's end
 repeat its last query (finite) and are never stored. The output is written straight into the chunk's rows of the
 step's packed output: no scatter, no gather.
 
@@ -34,7 +34,8 @@ import triton
 import triton.language as tl
 
 from milestones.m08_triton_kernel.device_kernel import device_kernel, runs_interpreted
-from milestones.m08_triton_kernel.paged_decode_kernel import FP8_DTYPE, LOG2_E, MIN_GROUP_ROWS, SUPPORTED_DTYPES
+from milestones.m08_triton_kernel.paged_decode_kernel import (FP8_DTYPE, LOG2_E, MIN_GROUP_ROWS, SUPPORTED_DTYPES,
+                                                               _load_kv_tile, _online_softmax_step, _widen_q)
 
 TILE_ROWS = 64  # rows of q per program: BLOCK_Q queries x the group's heads (padded to a power of two)
 TILE_KEYS = 64  # keys per loop step (four 16-token pages)
@@ -75,12 +76,7 @@ def _paged_prefill_kernel(
     position = context_len - q_len + query  # [ROWS]: this row sees keys 0 .. position
     dims = tl.arange(0, HEAD_DIM)
     q = tl.load(q_ptr + (q_start + query)[:, None] * stride_q_tok + head[:, None] * stride_q_head + dims[None, :])
-    if DOT_FP32:
-        q = q.to(tl.float32)
-    elif KV_FP8:  # an FP8 cache's tiles are widened to fp16 (below): the dots run in fp16, q too
-        q = q.to(tl.float16)
-    if KV_FP8:
-        scale_log2 = scale_log2 * tl.load(k_scale_ptr)
+    q, scale_log2 = _widen_q(q, scale_log2, k_scale_ptr, KV_FP8, DOT_FP32)
 
     m = tl.full([ROWS], float("-inf"), tl.float32)
     l = tl.zeros([ROWS], tl.float32)
@@ -95,33 +91,10 @@ def _paged_prefill_kernel(
         keys = key_start + tl.arange(0, TILE)
         in_range = keys < end
         block = tl.load(table_row + keys // BLOCK_SIZE, mask=in_range, other=0).to(tl.int64)
-        slot = keys % BLOCK_SIZE
-        k = tl.load(k_head + (block * stride_k_block + slot * stride_k_slot)[:, None] + dims[None, :],
-                    mask=in_range[:, None], other=0.0)
-        v = tl.load(v_head + (block * stride_v_block + slot * stride_v_slot)[:, None] + dims[None, :],
-                    mask=in_range[:, None], other=0.0)
-        if KV_FP8:
-            k = k.to(tl.float16)  # e4m3 -> fp16 is one instruction a pair on Hopper; to bf16 it is two
-            v = v.to(tl.float16)
-        if DOT_FP32:
-            k = k.to(tl.float32)
-            v = v.to(tl.float32)
-        if IEEE:
-            scores = tl.dot(q, tl.trans(k), input_precision="ieee")
-        else:
-            scores = tl.dot(q, tl.trans(k))
+        k, v = _load_kv_tile(k_head, v_head, block, keys % BLOCK_SIZE, dims, in_range, stride_k_block, stride_k_slot,
+                             stride_v_block, stride_v_slot, KV_FP8, DOT_FP32)
         visible = in_range[None, :] & (keys[None, :] <= position[:, None])  # causal, within the sequence
-        scores = tl.where(visible, scores * scale_log2, float("-inf"))
-        m_new = tl.maximum(m, tl.max(scores, 1))
-        alpha = tl.exp2(m - m_new)
-        p = tl.exp2(scores - m_new[:, None])
-        l = l * alpha + tl.sum(p, 1)
-        if IEEE:
-            pv = tl.dot(p, v, input_precision="ieee")
-        else:
-            pv = tl.dot(p.to(v.dtype), v)
-        acc = acc * alpha[:, None] + pv
-        m = m_new
+        m, l, acc = _online_softmax_step(q, k, v, visible, scale_log2, m, l, acc, IEEE)
 
     out = acc / l[:, None]
     if KV_FP8:
