@@ -161,7 +161,8 @@ FIGURES: dict[str, tuple[Figure, ...]] = {
     # Here: the FP8 K/V cache against m13's own bf16 cache, interleaved in one comparison, Qwen3-0.6B's shape.
     "m13": (Figure("m13_memory-bound", "m13_memory-bound+fp8kv", "output_tokens_per_s", TOKS,
                    "memory-bound (4 GiB of K/V)", versus="m13 with a bf16 K/V cache", same_comparison=True,
-                   note="the same bytes hold twice the tokens: all 96 requests ran at once, none preempted"),
+                   note="the same bytes hold twice the tokens: all 96 requests ran at once, none preempted "
+                        "(measured before the FP8 tiles were widened to fp16)"),
             Figure("m13_memory-bound", "m13_memory-bound+fp8kv", "running_mean", "mean number of requests running",
                    "memory-bound (4 GiB of K/V)", versus="m13 with a bf16 K/V cache", same_comparison=True,
                    note="at most 96 (every request) against 66"),
@@ -172,8 +173,8 @@ FIGURES: dict[str, tuple[Figure, ...]] = {
                         "memory: this counts the admission ramp there"),
             Figure("m13_nanovllm", "m13_nanovllm+fp8kv", "output_tokens_per_s", TOKS, "nanovllm (exact, 256 requests)",
                    versus="m13 with a bf16 K/V cache", same_comparison=True,
-                   note="the bf16 cache was never short here: FP8 only makes the decode kernel widen every value it "
-                        "reads")),
+                   note="the bf16 cache was never short here: FP8 halves the bytes attention reads, but its kernels "
+                        "(tiles widened to fp16) cost more per byte than bf16's")),
     # m14's gain is a split against no split (two GPUs); at tensor_parallel_size=1 it must equal the milestone
     # before it, which is what its one-GPU figure checks.
     "m14": (Figure("m14_single+tp1-8b", "m14_single+tp2-8b", "itl_mean_s", "mean inter-token latency",
