@@ -82,8 +82,13 @@ def relative_error(out: torch.Tensor, expected: torch.Tensor) -> float:
     return ((out.float() - expected).abs().max() / expected.abs().max().clamp(min=1e-30)).item()
 
 
-def gemv_grid() -> dict[str, QuantMatmulConfig]:
-    """``--gemv-grid``: gemv's launch parameters crossed (rows and inputs per step, warps, pipelining depth)."""
+def gemv_grid(method: str) -> dict[str, QuantMatmulConfig]:
+    """``--gemv-grid``: gemv's launch parameters crossed (rows and inputs per step, warps, pipelining depth).
+    int4's words kernel wants more rows per thread (each input it scales serves them all) than int8's bytes."""
+    if method == "int4":
+        grid = {f"n{n}-k{k}-w{w}-s{s}": QuantMatmulConfig("gemv", block_n=n, block_k=k, num_warps=w, num_stages=s)
+                for n in (16, 32, 64, 128) for k in (128, 256) for w in (1, 2, 4) for s in (3, 4)}
+        return grid | {"n16-k256-w4-s4 magic": CANDIDATES["gemv"]["n16-k256-w4-s4 magic"]}
     return {f"n{n}-k{k}-w{w}-s{s}": QuantMatmulConfig("gemv", block_n=n, block_k=k, num_warps=w, num_stages=s)
             for n in (8, 16, 32) for k in (256, 512) for w in (2, 4, 8) for s in (2, 4)}
 
@@ -95,7 +100,7 @@ def candidates_for(method: str, m: int, quick: bool, grid: bool = False) -> dict
     if quick:
         return table
     if grid and regime(m) == "gemv":
-        return table | {name: c for name, c in gemv_grid().items() if fits_method(c, method)}
+        return table | {name: c for name, c in gemv_grid(method).items() if fits_method(c, method)}
     found = {name: config for kind, configs in CANDIDATES.items() if m in CANDIDATE_BATCHES[kind]
              for name, config in configs.items() if fits_method(config, method)}
     return found | {name: c for name, c in table.items() if c not in found.values()}
@@ -201,6 +206,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.quant_bench", description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="the launch table's configuration only")
     parser.add_argument("--gemv-grid", action="store_true", help="at batch 1-4: gemv's launch parameters crossed")
+    parser.add_argument("--methods", type=lambda t: t.split(","), default=["bf16", "int8", "int4"],
+                        help="formats to time (default bf16,int8,int4)")
     parser.add_argument("--shapes", type=parse_shapes, default=None, help="NxK,... (default: Qwen3-8B's five)")
     parser.add_argument("--batches", type=positive_int_list, default=BATCHES, help="rows of x (default 1,4,16,64,256,2048)")
     parser.add_argument("--budget-s", type=float, default=150.0, help="stop starting new cases after this long")
@@ -222,13 +229,15 @@ def run(args: argparse.Namespace) -> dict:
     weights = {}  # made once (quantizing the LM head takes a moment), kept for every batch size
     for name, (n, k) in shapes.items():
         for method, bytes_per_weight in (("bf16", 2), ("int8", 1), ("int4", 0.53)):
+            if method not in args.methods:
+                continue
             copies = copies_needed(int(n * k * bytes_per_weight), device, MAX_COPIES)
             weights[(name, method)] = make_weights(n, k, method, device, copies, args.seed)
     print(f"weights made ({time.perf_counter() - began:.0f} s)", flush=True)
     rows, skipped = [], []
     for m in args.batches:  # batch 1 first: the figure the targets are about
         for name, (n, k) in shapes.items():
-            for method in ("bf16", "int8", "int4"):
+            for method in args.methods:
                 if time.perf_counter() - began > args.budget_s:
                     skipped.append(f"{name} {method} M={m}")
                     continue

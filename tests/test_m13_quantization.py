@@ -19,6 +19,7 @@ import json
 import random
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -147,9 +148,10 @@ def assert_close_to_reference(out: torch.Tensor, x, qweight, scales, method):
     assert error <= ACTIVATION_TOLERANCE[x.dtype], f"relative error {error:.2e}"
 
 
-KERNEL_CASES = [  # (configuration, rows of x): every kernel, both ways of unpacking, tails of M, N and K
+KERNEL_CASES = [  # (configuration, rows of x): every kernel, every way of unpacking, tails of M, N and K
     (LAUNCH_TABLE["int4"]["gemv"], 1), (LAUNCH_TABLE["int8"]["gemv"], 3),
-    (CANDIDATES["gemv"]["n16-k256-w4-s3 convert"], 2), (LAUNCH_TABLE["int8"]["small"], 5),
+    (CANDIDATES["gemv"]["n16-k256-w4-s4 convert"], 2), (CANDIDATES["gemv"]["n16-k256-w4-s4 magic"], 1),
+    (LAUNCH_TABLE["int8"]["small"], 5),
     (LAUNCH_TABLE["int4"]["large"], 37), (CANDIDATES["large"]["dequant + cuBLAS"], 9),
     (LAUNCH_TABLE["int4"]["gemv"], 4), (CANDIDATES["gemv"]["n16-k256-w4-s3 sum per step"], 6),  # 6: 4 + 2 rows
 ]
@@ -164,6 +166,20 @@ def test_quantized_matmul_matches_the_reference(method, config, m, dtype, n, k):
     x, qweight, scales = matmul_case(method, m, n, k, dtype)
     assert_close_to_reference(quantized_matmul(x, qweight, scales, method, config=config), x, qweight, scales,
                               method)
+
+
+@pytest.mark.parametrize("unpack", ["subnormal", "magic"])
+def test_int4_gemv_keeps_its_precision_over_the_activations_range(unpack):
+    """``subnormal`` reads each nibble's bits as a float (``u * 2^-149``) and scales x up by 2^64: products of
+    activations from 1e-12 to 1e12 (and exact zeros) must stay as accurate as the conversion's."""
+    gen = torch.Generator().manual_seed(5)
+    qweight, scales = quantize_weight(torch.randn(24, 512, generator=gen) * 0.05, "int4")
+    magnitude = 10.0 ** torch.randint(-12, 13, (2, 512), generator=gen).float()
+    x = torch.randn(2, 512, generator=gen) * magnitude * (torch.rand(2, 512, generator=gen) > 0.1)
+    config = replace(LAUNCH_TABLE["int4"]["gemv"], unpack=unpack)
+    out = quantized_matmul(x.to(DEVICE), qweight.to(DEVICE), scales.to(DEVICE), "int4", config=config)
+    reference = quantized_matmul_reference(x, qweight, scales, "int4").to(torch.float64)
+    assert torch.allclose(out.cpu().double(), reference, rtol=1e-5, atol=1e-5 * reference.abs().max().item())
 
 
 @pytest.mark.parametrize("method", ["int8", "int4"])

@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 KERNELS = ("gemv", "dot", "dequant")
+UNPACK_MODES = ("convert", "magic", "subnormal")  # gemv: nibbles to floats (QuantMatmulConfig)
 GEMV_MAX_M = 4
 SMALL_MAX_M = 32
 LARGE_MAX_M = 512
@@ -41,9 +42,11 @@ class QuantMatmulConfig:
     of the 128-input group); ``block_m``: rows of ``x`` per program for ``dot`` (``gemv`` uses M rounded up to a
     power of two). ``num_warps`` / ``num_stages``: Triton's threads per program and software-pipelining depth
     (loads of ``num_stages - 1`` later steps in flight while one is computed). ``group_m``: ``dot`` visits
-    tiles in groups of this many row blocks so that a weight tile is reused from L2. ``magic``: ``gemv`` turns
-    integers into floats by writing them into a float's mantissa (an OR and a subtraction, full-rate ALU work)
-    instead of int-to-float conversions, which run at a quarter of that rate or less. ``defer_sum``: ``gemv``
+    tiles in groups of this many row blocks so that a weight tile is reused from L2. ``unpack``: how ``gemv``
+    turns int4 nibbles into floats: ``convert`` (int-to-float conversions, a quarter of an add's rate or less),
+    ``magic`` (the integer written into the mantissa of 2^23: an OR and a subtraction) or ``subnormal`` (the
+    nibble's bits read as a float as they are, ``u * 2^-149``: no instruction at all; x is scaled up instead, and
+    the -8 comes off the sum once per pair of inputs). int8 uses ``magic`` for both of the last two. ``defer_sum``: ``gemv``
     keeps a partial sum per element across the loop and reduces across K once at the end (fewer shuffles, more
     registers: used only where it fits in 64 per thread) instead of a cross-thread reduction in every step.
     ``min_programs_per_sm``: ``gemv`` splits K until the launch has at least this many programs per SM.
@@ -56,13 +59,15 @@ class QuantMatmulConfig:
     num_warps: int = 4
     num_stages: int = 3
     group_m: int = 8
-    magic: bool = True
+    unpack: str = "subnormal"
     defer_sum: bool = True
     min_programs_per_sm: int = 1
 
     def __post_init__(self) -> None:
         if self.kernel not in KERNELS:
             raise ValueError(f"kernel must be one of {', '.join(KERNELS)}, got {self.kernel!r}")
+        if self.unpack not in UNPACK_MODES:
+            raise ValueError(f"unpack must be one of {', '.join(UNPACK_MODES)}, got {self.unpack!r}")
         for name in ("block_m", "block_n", "block_k"):
             value = getattr(self, name)
             if value < 1 or value & (value - 1):
@@ -121,8 +126,10 @@ CANDIDATES: dict[str, dict[str, QuantMatmulConfig]] = {
         "n16-k512-w4-s3": QuantMatmulConfig("gemv", block_n=16, block_k=512, num_warps=4, num_stages=3),
         "n8-k512-w4-s4": QuantMatmulConfig("gemv", block_n=8, block_k=512, num_warps=4, num_stages=4),
         "n32-k256-w8-s3": QuantMatmulConfig("gemv", block_n=32, block_k=256, num_warps=8, num_stages=3),
-        "n16-k256-w4-s3 convert": QuantMatmulConfig("gemv", block_n=16, block_k=256, num_warps=4, num_stages=3,
-                                                    magic=False),
+        "n16-k256-w4-s4 convert": QuantMatmulConfig("gemv", block_n=16, block_k=256, num_warps=4, num_stages=4,
+                                                    unpack="convert"),
+        "n16-k256-w4-s4 magic": QuantMatmulConfig("gemv", block_n=16, block_k=256, num_warps=4, num_stages=4,
+                                                  unpack="magic"),
         "n16-k256-w4-s3 4/SM": QuantMatmulConfig("gemv", block_n=16, block_k=256, num_warps=4, num_stages=3,
                                                    min_programs_per_sm=4),
         "n16-k256-w4-s3 sum per step": QuantMatmulConfig("gemv", block_n=16, block_k=256, num_warps=4,

@@ -16,11 +16,24 @@ next tiles' loads in flight meanwhile (``tl.range``'s pipelining)::
     int4:  lo = float(b & 15) - 8, hi = float(b >> 4) - 8  (b: the bytes of one 128-input group, [BLOCK_N, 64])
            acc[m, n] += scale[n, g] * (sum_j x[m, 128g + j] * lo[n, j] + x[m, 128g + 64 + j] * hi[n, j])
 
-Streaming 4 TB/s of int4 means unpacking ~8 billion weights per second: the ALUs, not memory, can become the
-limit. ``float(q)`` as an int-to-float conversion runs at a quarter of the rate of an add (or less) on the H100
-and H200, so with ``MAGIC`` the kernel writes the integer into the mantissa of ``2^23`` instead and subtracts:
-``bits(2^23) | u`` is the float ``2^23 + u`` for any ``0 <= u < 2^23``, so ``float(u) = (bits | u) - 2^23`` costs
-one OR and one subtraction. int8's sign is folded in the same way: ``u = q ^ 0x80`` is ``q + 128``.
+Streaming 4 TB/s of int4 means unpacking ~8 billion weights per second: the ALUs, not memory, become the limit
+(an H200 issues about 33 thousand billion thread-instructions a second, so 4.2 TB/s allows 8 a byte). Three ways
+to turn a nibble ``u`` into a float, ``QuantMatmulConfig.unpack``:
+
+    convert    float(u) - 8: an int-to-float conversion, a quarter of an add's rate or less.
+    magic      bits(2^23) | u is the float 2^23 + u, so float(u) = (bits | u) - 2^23: an OR and a subtraction.
+    subnormal  no conversion at all. Any bit pattern below 2^24, read as a float32, is that integer times
+               2^-149 (the subnormals and the first binade of normal floats share one step). So the weights are
+               read as int32 words of 8 nibbles, and nibble p of a word, masked in place (``w & (15 << 4p)``,
+               one AND), is the float u * 2^(4p - 149). The input it multiplies is scaled up by 2^(149 - 4p - 85)
+               instead, once per input rather than once per weight, so that every product is u * x * 2^-85, a
+               normal float; the row's sum is scaled back by 2^85 at the end (powers of two: exact). The -8 comes
+               off once per word: sum((u - 8) x) = sum(u x) - 8 sum(x). About two instructions a weight, against
+               about nine for ``magic`` in this kernel's byte layout (counted in the sm_90 assembly), where each
+               thread also widened two inputs per byte it read.
+
+int8 keeps ``magic`` (``u = q ^ 0x80`` is ``q + 128``): its GEMV reads twice the bytes per weight, and reached
+its target without more.
 
 **dot** (batch 5+, prompt chunks, ``_quantized_dot_kernel``): the classic tiled matmul (``BLOCK_M`` rows of x by
 ``BLOCK_N`` rows of W, grouped so that tiles reuse W from L2), whose W tile is unpacked to the activations'
@@ -47,7 +60,7 @@ import triton.language as tl
 from milestones.m08_triton_kernel.device_kernel import device_kernel, runs_interpreted
 from milestones.m08_triton_kernel.launch_config import sm_count
 
-from .launch_config import QuantMatmulConfig, choose_launch, choose_split_k, fits_method
+from .launch_config import UNPACK_MODES, QuantMatmulConfig, choose_launch, choose_split_k, fits_method
 from .quantize import GROUP_SIZE, QUANTIZATION_METHODS
 
 ACTIVATION_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -57,27 +70,87 @@ MAX_DEFERRED_PER_THREAD = 64  # gemv: float32 partial sums a thread may carry ac
 GEMV_MAX_ROWS = 4  # gemv: rows of x per launch (one accumulator each)
 
 
+CONVERT = tl.constexpr(0)  # the kernels' numbering of launch_config.UNPACK_MODES
+MAGIC = tl.constexpr(1)
+SUBNORMAL = tl.constexpr(2)
+# SUBNORMAL's units: a nibble or byte u read as float bits is u * 2^-149; x is scaled up by 2^64 so that the
+# products (u * x * 2^-85) stay normal floats; the row's sum is scaled back by 2^85 at the end (powers of two:
+# exact). |x| < 2^64 is all it asks of the activations.
+X_UP = tl.constexpr(18446744073709551616.0)  # 2^64
+NIBBLE_OFFSET = tl.constexpr(-2.0679515313825692e-25)  # -8 * 2^-85: a nibble's -8, in the products' units
+UNIT_DOWN = tl.constexpr(3.8685626227668134e25)  # 2^85
+
+
 @triton.jit
-def _unpack_int4(b, MAGIC: tl.constexpr):
+def _unpack_int4(b, UNPACK: tl.constexpr):
     """Bytes (int32 in 0..255) -> the signed values of their low and high nibbles, as float32 (-8..7)."""
-    if MAGIC:
-        lo = ((b & 0xF) | 0x4B000000).to(tl.float32, bitcast=True) - (8388608.0 + 8.0)
-        hi = ((b >> 4) | 0x4B000000).to(tl.float32, bitcast=True) - (8388608.0 + 8.0)
-    else:
+    if UNPACK == CONVERT:
         lo = (b & 0xF).to(tl.float32) - 8.0
         hi = (b >> 4).to(tl.float32) - 8.0
+    else:
+        lo = ((b & 0xF) | 0x4B000000).to(tl.float32, bitcast=True) - (8388608.0 + 8.0)
+        hi = ((b >> 4) | 0x4B000000).to(tl.float32, bitcast=True) - (8388608.0 + 8.0)
     return lo, hi
 
 
 @triton.jit
-def _int8_to_float(q, MAGIC: tl.constexpr):
-    """int8 -> float32. ``MAGIC``: ``u = q + 128`` (0..255) written into the mantissa of 2^23, minus 2^23 + 128."""
-    if MAGIC:
+def _nibble_in_place(words, P: tl.constexpr):
+    """Nibble ``P`` (0..7, from the low bits up) of each int32 word as a float32 with its bits left in place:
+    ``u * 2^(4P - 149)``. Any bit pattern below 2^24 is that integer times 2^-149 (the subnormals and the first
+    binade of normal floats share one step), so nibbles 0-5 need only a mask; 6 and 7 are shifted down first."""
+    if P < 6:
+        f = (words & (0xF << (4 * P))).to(tl.float32, bitcast=True)
+    else:
+        f = ((words >> (4 * P)) & 0xF).to(tl.float32, bitcast=True)
+    return f
+
+
+@triton.jit
+def _scaled_for_nibble(x, P: tl.constexpr):
+    """x in the units that make ``_nibble_in_place(words, P) * x`` equal ``u * x * 2^-85``."""
+    if P < 6:
+        x = x * (X_UP / (1 << (4 * P)))
+    else:
+        x = x * X_UP
+    return x
+
+
+@triton.jit
+def _int4_group_subnormal(words, x_group_ptr, x_ok, HALF: tl.constexpr, WORDS: tl.constexpr):
+    """One row of x times one 128-input group held as ``[BLOCK_N, 16]`` int32 words (8 nibbles each), in units
+    of 2^-85. Byte ``b`` of word ``w`` holds inputs ``4w + b`` (low nibble) and ``64 + 4w + b`` (high), so
+    nibble ``p`` multiplies input ``4w + p // 2 + 64 * (p % 2)``, scaled up by 2^64 over the nibble's own
+    2^(4p) (``_nibble_in_place``). ``sum((u - 8) x) = sum(u x) - 8 sum(x)``: the 8s come off once per word.
+    Eight fused multiply-adds and about nine integer operations a word: about two instructions a weight."""
+    x_words_ptr = x_group_ptr + 4 * tl.arange(0, WORDS)
+    x_sum = tl.zeros([WORDS], tl.float32)
+    part = tl.zeros(words.shape, tl.float32)
+    for p in tl.static_range(8):
+        x = _load_x(x_words_ptr + (p // 2) + (p % 2) * HALF, x_ok)
+        x_sum += x
+        part = part + _nibble_in_place(words, p) * _scaled_for_nibble(x, p)[None, :]
+    return part + (x_sum * NIBBLE_OFFSET)[None, :]
+
+
+@triton.jit
+def _int8_to_float(q, UNPACK: tl.constexpr):
+    """int8 -> float32: ``q``, or, ``MAGIC``, ``u = q + 128`` (0..255) written into the mantissa of 2^23, minus
+    2^23 + 128 (``SUBNORMAL`` is treated as ``MAGIC`` here: int8's GEMV is not limited by its instructions)."""
+    if UNPACK == CONVERT:
+        w = q.to(tl.float32)
+    else:
         u = (q.to(tl.int32) & 0xFF) ^ 0x80
         w = (u | 0x4B000000).to(tl.float32, bitcast=True) - (8388608.0 + 128.0)
-    else:
-        w = q.to(tl.float32)
     return w
+
+
+@triton.jit
+def _int4_products(lo, hi, x_lo_ptr, x_ok, HALF: tl.constexpr, scale):
+    """One row of x times one 128-input group of unpacked nibbles (``[BLOCK_N, 64]`` bytes' low and high
+    halves: inputs ``j`` and ``64 + j``), times the group's scale."""
+    xl = _load_x(x_lo_ptr, x_ok)
+    xh = _load_x(x_lo_ptr + HALF, x_ok)
+    return (lo * xl[None, :] + hi * xh[None, :]) * scale[:, None]
 
 
 @triton.jit
@@ -121,7 +194,7 @@ def _quantized_gemv_kernel(
     N, K, k_per_split,
     stride_xm, stride_wn, stride_sn, stride_om,
     INT4: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP: tl.constexpr, MAGIC: tl.constexpr, ATOMIC: tl.constexpr, EVEN: tl.constexpr, DEFER_SUM: tl.constexpr,
+    GROUP: tl.constexpr, UNPACK: tl.constexpr, ATOMIC: tl.constexpr, EVEN: tl.constexpr, DEFER_SUM: tl.constexpr,
     NUM_STAGES: tl.constexpr,
 ):
     """One program: output rows [pid_n * BLOCK_N, +BLOCK_N) for the ``ROWS`` (1-4) rows of x, over its slice of K.
@@ -140,7 +213,9 @@ def _quantized_gemv_kernel(
     col_ok = cols < N
     k_start = pid_k * k_per_split
     k_end = tl.minimum(k_start + k_per_split, K)
-    WIDTH: tl.constexpr = GROUP // 2 if INT4 else BLOCK_K  # bytes of a weight row one load reads
+    WORDS: tl.constexpr = INT4 and UNPACK == SUBNORMAL  # int4 read as int32 words of 8 nibbles (w_ptr: int32)
+    # what one load reads of a weight row: int4 words of a group, int4 bytes of a group, or int8 bytes of a step
+    WIDTH: tl.constexpr = GROUP // 8 if WORDS else GROUP // 2 if INT4 else BLOCK_K
     j = tl.arange(0, WIDTH)
     w_rows = w_ptr + cols[:, None] * stride_wn
     if DEFER_SUM:
@@ -156,41 +231,44 @@ def _quantized_gemv_kernel(
             HALF: tl.constexpr = GROUP // 2
             for t in tl.static_range(BLOCK_K // GROUP):  # one 128-input group (64 bytes per row) at a time
                 kg = k0 + t * GROUP
-                kb = tl.multiple_of(kg // 2, HALF)  # the group's first byte in the row
+                kb = tl.multiple_of(kg // (GROUP // WIDTH), WIDTH)  # the group's first byte (or word) in the row
                 if EVEN:
-                    b = tl.load(w_rows + (kb + j)[None, :]).to(tl.int32)  # [BLOCK_N, 64], bytes 0..255
+                    b = tl.load(w_rows + (kb + j)[None, :])  # [BLOCK_N, WIDTH]: bytes (uint8) or words (int32)
                     scale = tl.load(s_ptr + cols * stride_sn + kg // GROUP)  # [BLOCK_N]
                     x_ok = None
                 else:
                     x_ok = kg + j < k_end  # K and k_end are whole groups: all true or all false
-                    b = tl.load(w_rows + (kb + j)[None, :], mask=col_ok[:, None] & x_ok[None, :],
-                                other=0).to(tl.int32)
+                    b = tl.load(w_rows + (kb + j)[None, :], mask=col_ok[:, None] & x_ok[None, :], other=0)
                     # a group past k_end has x = 0: any finite scale will do, read from a valid address
                     scale = tl.load(s_ptr + cols * stride_sn + tl.minimum(kg, K - GROUP) // GROUP, mask=col_ok,
                                     other=0.0)
-                lo, hi = _unpack_int4(b, MAGIC)  # [BLOCK_N, 64]: inputs kg + j and kg + 64 + j
-                if ROWS > 1:  # the scale multiplied in once, for every row of x
-                    lo = lo * scale[:, None]
-                    hi = hi * scale[:, None]
-                x_lo = x_ptr + kg + j
-                xl = _load_x(x_lo, x_ok).to(tl.float32)
-                xh = _load_x(x_lo + HALF, x_ok).to(tl.float32)
-                if ROWS == 1:
-                    acc0 = _fold(acc0, (lo * xl[None, :] + hi * xh[None, :]) * scale[:, None], DEFER_SUM)
+                if WORDS:
+                    x_group = x_ptr + kg
+                    acc0 = _fold(acc0, _int4_group_subnormal(b, x_group, x_ok, HALF, WIDTH) * scale[:, None],
+                                 DEFER_SUM)
+                    if ROWS > 1:
+                        acc1 = _fold(acc1, _int4_group_subnormal(b, x_group + stride_xm, x_ok, HALF, WIDTH)
+                                     * scale[:, None], DEFER_SUM)
+                    if ROWS > 2:
+                        acc2 = _fold(acc2, _int4_group_subnormal(b, x_group + 2 * stride_xm, x_ok, HALF, WIDTH)
+                                     * scale[:, None], DEFER_SUM)
+                    if ROWS > 3:
+                        acc3 = _fold(acc3, _int4_group_subnormal(b, x_group + 3 * stride_xm, x_ok, HALF, WIDTH)
+                                     * scale[:, None], DEFER_SUM)
                 else:
-                    acc0 = _fold(acc0, lo * xl[None, :] + hi * xh[None, :], DEFER_SUM)
-                if ROWS > 1:
-                    xl = _load_x(x_lo + stride_xm, x_ok).to(tl.float32)
-                    xh = _load_x(x_lo + stride_xm + HALF, x_ok).to(tl.float32)
-                    acc1 = _fold(acc1, lo * xl[None, :] + hi * xh[None, :], DEFER_SUM)
-                if ROWS > 2:
-                    xl = _load_x(x_lo + 2 * stride_xm, x_ok).to(tl.float32)
-                    xh = _load_x(x_lo + 2 * stride_xm + HALF, x_ok).to(tl.float32)
-                    acc2 = _fold(acc2, lo * xl[None, :] + hi * xh[None, :], DEFER_SUM)
-                if ROWS > 3:
-                    xl = _load_x(x_lo + 3 * stride_xm, x_ok).to(tl.float32)
-                    xh = _load_x(x_lo + 3 * stride_xm + HALF, x_ok).to(tl.float32)
-                    acc3 = _fold(acc3, lo * xl[None, :] + hi * xh[None, :], DEFER_SUM)
+                    b = b.to(tl.int32)  # bytes 0..255
+                    lo, hi = _unpack_int4(b, UNPACK)  # [BLOCK_N, 64]: inputs kg + j and kg + 64 + j
+                    x_lo = x_ptr + kg + j
+                    acc0 = _fold(acc0, _int4_products(lo, hi, x_lo, x_ok, HALF, scale), DEFER_SUM)
+                    if ROWS > 1:
+                        acc1 = _fold(acc1, _int4_products(lo, hi, x_lo + stride_xm, x_ok, HALF, scale),
+                                     DEFER_SUM)
+                    if ROWS > 2:
+                        acc2 = _fold(acc2, _int4_products(lo, hi, x_lo + 2 * stride_xm, x_ok, HALF, scale),
+                                     DEFER_SUM)
+                    if ROWS > 3:
+                        acc3 = _fold(acc3, _int4_products(lo, hi, x_lo + 3 * stride_xm, x_ok, HALF, scale),
+                                     DEFER_SUM)
         else:
             ks = k0 + j
             if EVEN:
@@ -199,7 +277,7 @@ def _quantized_gemv_kernel(
             else:
                 x_ok = ks < k_end
                 q = tl.load(w_rows + ks[None, :], mask=col_ok[:, None] & x_ok[None, :], other=0)
-            w = _int8_to_float(q, MAGIC)
+            w = _int8_to_float(q, UNPACK)
             x_row = x_ptr + ks
             acc0 = _fold(acc0, w * _load_x(x_row, x_ok).to(tl.float32)[None, :], DEFER_SUM)
             if ROWS > 1:
@@ -211,14 +289,18 @@ def _quantized_gemv_kernel(
             if ROWS > 3:
                 x = _load_x(x_row + 3 * stride_xm, x_ok).to(tl.float32)
                 acc3 = _fold(acc3, w * x[None, :], DEFER_SUM)
-    row_scale = 1.0 if INT4 else tl.load(s_ptr + cols, mask=col_ok, other=0.0)  # int8: one scale per row of W
-    _finish_row(acc0, out_ptr, cols, col_ok, row_scale, DEFER_SUM, ATOMIC, not INT4)
+    if INT4:  # the groups' scales are in the sums already; SUBNORMAL's products are in units of 2^-85
+        row_scale = UNIT_DOWN if UNPACK == SUBNORMAL else 1.0
+    else:  # int8: one scale per row of W
+        row_scale = tl.load(s_ptr + cols, mask=col_ok, other=0.0)
+    SCALE: tl.constexpr = not INT4 or UNPACK == SUBNORMAL
+    _finish_row(acc0, out_ptr, cols, col_ok, row_scale, DEFER_SUM, ATOMIC, SCALE)
     if ROWS > 1:
-        _finish_row(acc1, out_ptr + stride_om, cols, col_ok, row_scale, DEFER_SUM, ATOMIC, not INT4)
+        _finish_row(acc1, out_ptr + stride_om, cols, col_ok, row_scale, DEFER_SUM, ATOMIC, SCALE)
     if ROWS > 2:
-        _finish_row(acc2, out_ptr + 2 * stride_om, cols, col_ok, row_scale, DEFER_SUM, ATOMIC, not INT4)
+        _finish_row(acc2, out_ptr + 2 * stride_om, cols, col_ok, row_scale, DEFER_SUM, ATOMIC, SCALE)
     if ROWS > 3:
-        _finish_row(acc3, out_ptr + 3 * stride_om, cols, col_ok, row_scale, DEFER_SUM, ATOMIC, not INT4)
+        _finish_row(acc3, out_ptr + 3 * stride_om, cols, col_ok, row_scale, DEFER_SUM, ATOMIC, SCALE)
 
 
 @device_kernel
@@ -264,7 +346,7 @@ def _quantized_dot_kernel(
                                 other=0.0)[:, None]
                 # the group's scale goes into the unpacked tile (one rounding to the dot's dtype), so the dots
                 # accumulate straight into acc: no second [BLOCK_M, BLOCK_N] accumulator to hold in registers
-                lo, hi = _unpack_int4(b, True)  # no int-to-float conversions (quarter rate): see the gemv
+                lo, hi = _unpack_int4(b, MAGIC)  # no int-to-float conversions (quarter rate): see the gemv
                 lo = (lo * scale).to(compute_dtype)
                 hi = (hi * scale).to(compute_dtype)
                 x_mask = row_ok[:, None] & group_ok[None, :]
@@ -290,7 +372,7 @@ def _quantized_dot_kernel(
                 k_ok = k0 + ks < K
                 q = tl.load(w_ptrs, mask=col_ok[:, None] & k_ok[None, :], other=0)
                 x = tl.load(x_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0).to(compute_dtype)
-            w = _int8_to_float(q, True).to(compute_dtype)  # -127..127: exact in bf16
+            w = _int8_to_float(q, MAGIC).to(compute_dtype)  # -127..127: exact in bf16
             if IEEE:
                 acc = tl.dot(x, tl.trans(w), acc, input_precision="ieee")
             else:
@@ -321,7 +403,7 @@ def _dequantize_kernel(
         b = tl.load(w_ptr + cols[:, None, None] * stride_wn + (g[:, None] * HALF + j[None, :])[None, :, :],
                     mask=mask, other=0).to(tl.int32)
         scale = tl.load(s_ptr + cols[:, None] * stride_sn + g[None, :], mask=scale_mask, other=0.0)
-        lo, hi = _unpack_int4(b, True)
+        lo, hi = _unpack_int4(b, MAGIC)
         k_lo = (g[:, None] * GROUP + j[None, :])[None, :, :]
         out = out_ptr + cols[:, None, None] * stride_on + k_lo
         tl.store(out, (lo * scale[:, :, None]).to(out_ptr.dtype.element_ty), mask=mask)
@@ -420,13 +502,16 @@ def _gemv(x, qweight, scales, m, n, k, int4, config, split_k) -> torch.Tensor:
     atomic = split_k > 1
     out = torch.zeros((m, n), dtype=torch.float32, device=x.device) if atomic else x.new_empty((m, n))
     even = n % config.block_n == 0 and k % config.block_k == 0 and k_per_split % config.block_k == 0
-    width = GROUP_SIZE // 2 if int4 else config.block_k  # bytes of a weight row per load
+    words = int4 and config.unpack == "subnormal"
+    if words:  # the kernel reads int4 as int32 words of 8 nibbles (rows of K // 2 bytes: whole words)
+        qweight = qweight.view(torch.int32)
+    width = GROUP_SIZE // 8 if words else GROUP_SIZE // 2 if int4 else config.block_k  # elements a row load reads
     per_thread = m * config.block_n * width // (32 * config.num_warps)  # the deferred sums' registers
     _quantized_gemv_kernel[(triton.cdiv(n, config.block_n), split_k)](
         x, qweight, scales, out, n, k, k_per_split,
         x.stride(0), qweight.stride(0), scales.stride(0), out.stride(0),
         INT4=int4, ROWS=m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP=GROUP_SIZE,
-        MAGIC=config.magic, ATOMIC=atomic, EVEN=even,
+        UNPACK=UNPACK_MODES.index(config.unpack), ATOMIC=atomic, EVEN=even,
         DEFER_SUM=config.defer_sum and per_thread <= MAX_DEFERRED_PER_THREAD,
         NUM_STAGES=config.num_stages, num_warps=config.num_warps,
     )
