@@ -3,6 +3,8 @@
 #   tests     tests/test_m13_quantization.py compiled for the GPU (Qwen3-8B's layer shapes, every candidate)  ~1.5 min
 #   bench     python -m benchmarks.quant_bench: every candidate at Qwen3-8B's shapes, batch 1-2048         < 3 min
 #   grid      python -m benchmarks.quant_bench --gemv-grid at batch 1 and 4: gemv's parameters crossed      < 4 min
+#             (GRID_METHODS: the formats, default bf16,int8,int4)
+#   probe     python -m benchmarks.step_probe on m13's nanovllm steady state, bf16 and then FP8 K/V            ~2 min
 #   step      python -m benchmarks.quant_step --gate: the batch-1/4/16 decode step on qwen3-8b-random       ~5 min
 #   accuracy  python -m benchmarks.quant_accuracy on qwen3-0.6b-random and qwen3-8b-random             ~6-8 min
 #   OUT=/some/dir NANOSERVE_GIT_COMMIT=<sha> bash benchmarks/gpu_quant_checks.sh tests bench   # -> $OUT/quant.tgz
@@ -36,6 +38,7 @@ for part in "${parts[@]}"; do
             echo "quant_bench: exit $?"; grep -E "^batch-1 sum|^->" "$WORK/quant_bench.log" ;;
         grid)
             timeout 260 "$PY" -m benchmarks.quant_bench --batches 1,4 --gemv-grid --budget-s 210 \
+                --methods "${GRID_METHODS:-bf16,int8,int4}" \
                 --out "$WORK/quant_bench+gemv-grid.json" > "$WORK/quant_bench_grid.log" 2>&1
             echo "quant_bench --gemv-grid: exit $?"; grep -E "^batch-1 sum|^->|gemv" "$WORK/quant_bench_grid.log" | tail -n 12 ;;
         step)
@@ -50,7 +53,13 @@ for part in "${parts[@]}"; do
                 --out "$WORK/m13_accuracy+qwen3-8b-random.json" > "$WORK/quant_accuracy_8b.log" 2>&1
             echo "quant_accuracy (qwen3-8b-random): exit $?"
             grep -hE "rel. RMS" "$WORK/quant_accuracy.log" "$WORK/quant_accuracy_8b.log" ;;
-        *) echo "unknown part '$part': use tests, bench, grid, step or accuracy" >&2; exit 2 ;;
+        probe)
+            for kv in auto fp8; do
+                timeout 200 "$PY" -m benchmarks.step_probe --milestone m13 --set "kv_cache_dtype=\"$kv\"" \
+                    --out-dir "$WORK/probe-$kv" > "$WORK/step_probe_m13_$kv.log" 2>&1
+                echo "step_probe m13 kv_cache_dtype=$kv: exit $?"; head -n 14 "$WORK/step_probe_m13_$kv.log"
+            done ;;
+        *) echo "unknown part '$part': use tests, bench, grid, step, accuracy or probe" >&2; exit 2 ;;
     esac
 done
 cd "$OUT" && tar czf quant.tgz quant && rm -rf quant && echo "-> $OUT/quant.tgz"

@@ -98,7 +98,7 @@ LAUNCH_TABLE: dict[str, dict[str, QuantMatmulConfig]] = {
         "prefill": QuantMatmulConfig("dot", block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=3),
     },
     "int4": {
-        "gemv": QuantMatmulConfig("gemv", block_n=16, block_k=256, num_warps=4, num_stages=4),
+        "gemv": QuantMatmulConfig("gemv", block_n=64, block_k=128, num_warps=2, num_stages=4),
         "small": QuantMatmulConfig("dot", block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=4),
         "large": QuantMatmulConfig("dot", block_m=64, block_n=128, block_k=128, num_warps=4, num_stages=3),
         "prefill": QuantMatmulConfig("dot", block_m=64, block_n=128, block_k=128, num_warps=4, num_stages=3),
