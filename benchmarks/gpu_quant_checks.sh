@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # m13 on CUDA, in parts (each under its own timeout; name the parts to run, default: tests bench):
+#   gate      the float32 correctness gate of m13 (unquantized) on qwen3-0.6b-random                        ~1 min
 #   tests     tests/test_m13_quantization.py compiled for the GPU (Qwen3-8B's layer shapes, every candidate)  ~1.5 min
 #   bench     python -m benchmarks.quant_bench: every candidate at Qwen3-8B's shapes, batch 1-2048         < 3 min
 #   grid      python -m benchmarks.quant_bench --gemv-grid at batch 1 and 4: gemv's parameters crossed      < 4 min
-#             (GRID_METHODS: the formats, default bf16,int8,int4)
+#             (GRID_METHODS: the formats, default bf16,int8,int4; GRID_BATCHES: default 1,4)
 #   probe     python -m benchmarks.step_probe on m13's nanovllm steady state, bf16 and then FP8 K/V            ~2 min
 #   step      python -m benchmarks.quant_step --gate: the batch-1/4/16 decode step on qwen3-8b-random       ~5 min
+#             (STEP_ARGS replaces --gate, e.g. "--batches 1,4 --rounds 3" after the gate part)
 #   accuracy  python -m benchmarks.quant_accuracy on qwen3-0.6b-random and qwen3-8b-random             ~6-8 min
 #   OUT=/some/dir NANOSERVE_GIT_COMMIT=<sha> bash benchmarks/gpu_quant_checks.sh tests bench   # -> $OUT/quant.tgz
 # (estimates, not measured: one command may run 10 minutes, so `step` and `accuracy` go in separate calls)
@@ -29,6 +31,12 @@ parts=("$@")
 [ ${#parts[@]} -eq 0 ] && parts=(tests bench)
 for part in "${parts[@]}"; do
     case "$part" in
+        gate)
+            timeout 200 "$PY" -c "import json, sys; from benchmarks.gate import CorrectnessGate, GateItem
+gate = CorrectnessGate('qwen3-0.6b-random', 'cuda'); record = gate.check(GateItem('m13', 'nanovllm')); gate.close()
+json.dump(record, open('$WORK/gate_m13.json', 'w'), default=str); sys.exit(record['status'] not in ('pass', 'near-tie'))" \
+                > "$WORK/gate.log" 2>&1 || { echo "gate failed: nothing measured"; tail -n 5 "$WORK/gate.log"; break; }
+            echo "gate: pass" ;;
         tests)
             timeout 300 "$PY" -m pytest -q -p no:cacheprovider tests/test_m13_quantization.py \
                 > "$WORK/pytest_m13_cuda.log" 2>&1
@@ -37,12 +45,13 @@ for part in "${parts[@]}"; do
             timeout 240 "$PY" -m benchmarks.quant_bench --out "$WORK/quant_bench.json" > "$WORK/quant_bench.log" 2>&1
             echo "quant_bench: exit $?"; grep -E "^batch-1 sum|^->" "$WORK/quant_bench.log" ;;
         grid)
-            timeout 260 "$PY" -m benchmarks.quant_bench --batches 1,4 --gemv-grid --budget-s 210 \
+            timeout 260 "$PY" -m benchmarks.quant_bench --batches "${GRID_BATCHES:-1,4}" --gemv-grid --budget-s 210 \
                 --methods "${GRID_METHODS:-bf16,int8,int4}" \
                 --out "$WORK/quant_bench+gemv-grid.json" > "$WORK/quant_bench_grid.log" 2>&1
             echo "quant_bench --gemv-grid: exit $?"; grep -E "^batch-1 sum|^->|gemv" "$WORK/quant_bench_grid.log" | tail -n 12 ;;
         step)
-            timeout 480 "$PY" -m benchmarks.quant_step --gate --out "$WORK/m13_step_times.json" \
+            # shellcheck disable=SC2086  # STEP_ARGS is a list of flags
+            timeout 480 "$PY" -m benchmarks.quant_step ${STEP_ARGS:---gate} --out "$WORK/m13_step_times.json" \
                 > "$WORK/quant_step.log" 2>&1
             echo "quant_step: exit $?"; grep -E "vs bf16 at batch|^target|gate failed" "$WORK/quant_step.log" ;;
         accuracy)
@@ -59,7 +68,7 @@ for part in "${parts[@]}"; do
                     --out-dir "$WORK/probe-$kv" > "$WORK/step_probe_m13_$kv.log" 2>&1
                 echo "step_probe m13 kv_cache_dtype=$kv: exit $?"; head -n 14 "$WORK/step_probe_m13_$kv.log"
             done ;;
-        *) echo "unknown part '$part': use tests, bench, grid, step, accuracy or probe" >&2; exit 2 ;;
+        *) echo "unknown part '$part': use gate, tests, bench, grid, step, accuracy or probe" >&2; exit 2 ;;
     esac
 done
 cd "$OUT" && tar czf quant.tgz quant && rm -rf quant && echo "-> $OUT/quant.tgz"

@@ -87,7 +87,7 @@ def gemv_grid(method: str) -> dict[str, QuantMatmulConfig]:
     int4's words kernel wants more rows per thread (each input it scales serves them all) than int8's bytes."""
     if method == "int4":
         grid = {f"n{n}-k{k}-w{w}-s{s}": QuantMatmulConfig("gemv", block_n=n, block_k=k, num_warps=w, num_stages=s)
-                for n in (16, 32, 64, 128) for k in (128, 256) for w in (1, 2, 4) for s in (3, 4)}
+                for n in (16, 32, 64, 128) for k in (128, 256) for w in (1, 2, 4) for s in (3,)}
         return grid | {"n16-k256-w4-s4 magic": CANDIDATES["gemv"]["n16-k256-w4-s4 magic"]}
     return {f"n{n}-k{k}-w{w}-s{s}": QuantMatmulConfig("gemv", block_n=n, block_k=k, num_warps=w, num_stages=s)
             for n in (8, 16, 32) for k in (256, 512) for w in (2, 4, 8) for s in (2, 4)}

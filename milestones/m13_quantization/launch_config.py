@@ -31,6 +31,7 @@ LARGE_MAX_M = 512
 MAX_SPLIT_K = 16
 GEMV_PROGRAMS_PER_SM = 1  # gemv: programs the table's launch aims for per SM (each has 3 tiles in flight)
 GEMV_MIN_BLOCK_N = 8  # ...halving block_n down to this many rows of W per program
+GEMV_WARPS_PER_SM = 4  # int4's words kernel (1 warp a program) only where N gives it this many warps per SM
 
 
 @dataclass(frozen=True)
@@ -98,7 +99,9 @@ LAUNCH_TABLE: dict[str, dict[str, QuantMatmulConfig]] = {
         "prefill": QuantMatmulConfig("dot", block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=3),
     },
     "int4": {
-        "gemv": QuantMatmulConfig("gemv", block_n=64, block_k=128, num_warps=2, num_stages=4),
+        "gemv": QuantMatmulConfig("gemv", block_n=32, block_k=256, num_warps=1, num_stages=3),
+        "gemv narrow": QuantMatmulConfig("gemv", block_n=16, block_k=256, num_warps=4, num_stages=4,
+                                         unpack="magic"),
         "small": QuantMatmulConfig("dot", block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=4),
         "large": QuantMatmulConfig("dot", block_m=64, block_n=128, block_k=128, num_warps=4, num_stages=3),
         "prefill": QuantMatmulConfig("dot", block_m=64, block_n=128, block_k=128, num_warps=4, num_stages=3),
@@ -169,14 +172,21 @@ def choose_split_k(m: int, n: int, k: int, num_sms: int, config: QuantMatmulConf
     return max(1, min(wanted, k // config.block_k, MAX_SPLIT_K))
 
 
-def gemv_for_shape(config: QuantMatmulConfig, n: int, num_sms: int) -> QuantMatmulConfig:
-    """``gemv`` with fewer rows of W per program where N gives too few programs to keep every SM busy.
+def gemv_for_shape(config: QuantMatmulConfig, n: int, num_sms: int,
+                   narrow: QuantMatmulConfig | None = None) -> QuantMatmulConfig:
+    """``gemv`` fitted to N: the ``narrow`` configuration where ``config`` would give the SMs too few warps, and
+    fewer rows per program where N would leave an SM without a program.
 
-    A program streams its rows with ``num_stages - 1`` tiles in flight; an SM without a program reads nothing.
-    Qwen3-8B's layers all have N >= 4,096 (256+ programs of 16 rows on the H200's 132 SMs: none halved; the
-    grid measured more programs of fewer rows as slower there), Qwen3-0.6B's o_proj (N = 1,024) 64: halved to 8
-    rows, 128 programs, with no extra launches (split-K's float32 output must be zeroed and cast: two more kernels).
+    int4's words kernel runs one warp per program, each thread with several rows (every input it loads serves
+    them all): its instructions are few, but a layer with N = 4,096 gives it 128 warps for 132 SMs, too few
+    loads in flight to stream. Below ``GEMV_WARPS_PER_SM`` warps per SM it gives way to ``narrow`` (the bytes
+    kernel, 4 warps of 16 rows): on the H200 at batch 1 the words kernel won on gate_up_proj (N = 24,576) and
+    the LM head, the bytes kernel on q/k/v, o_proj and down_proj (results/h200/quant_bench+gemv-grid-words.json).
+    Then ``block_n`` is halved while N gives fewer than one program per SM: Qwen3-0.6B's o_proj (N = 1,024) gets
+    128 programs of 8 rows, with no extra launches (split-K's float32 output must be zeroed and cast).
     """
+    if narrow is not None and -(-n // config.block_n) * config.num_warps < GEMV_WARPS_PER_SM * num_sms:
+        config = narrow
     block_n = config.block_n
     while block_n > GEMV_MIN_BLOCK_N and -(-n // block_n) < GEMV_PROGRAMS_PER_SM * num_sms:
         block_n //= 2
@@ -189,5 +199,5 @@ def choose_launch(method: str, m: int, n: int, k: int, num_sms: int,
     fitted to N by ``gemv_for_shape``)."""
     config = table[method][regime(m)]
     if config.kernel == "gemv":
-        config = gemv_for_shape(config, n, num_sms)
+        config = gemv_for_shape(config, n, num_sms, table[method].get("gemv narrow"))
     return config, choose_split_k(m, n, k, num_sms, config)

@@ -116,18 +116,28 @@ def _scaled_for_nibble(x, P: tl.constexpr):
 
 
 @triton.jit
-def _int4_group_subnormal(words, x_group_ptr, x_ok, HALF: tl.constexpr, WORDS: tl.constexpr):
+def _by_byte(x, WORDS: tl.constexpr):
+    """64 contiguous inputs (one contiguous load) -> 4 vectors of ``WORDS``: those of byte 0, 1, 2 and 3 of each
+    word (inputs ``4w + b``)."""
+    pairs_a, pairs_b = tl.split(tl.reshape(x, [WORDS, 2, 2]))  # [w, b // 2] for b even, and for b odd
+    b0, b2 = tl.split(pairs_a)
+    b1, b3 = tl.split(pairs_b)
+    return b0, b1, b2, b3
+
+
+@triton.jit
+def _int4_group_subnormal(words, x_group_ptr, group_ok, HALF: tl.constexpr, WORDS: tl.constexpr):
     """One row of x times one 128-input group held as ``[BLOCK_N, 16]`` int32 words (8 nibbles each), in units
     of 2^-85. Byte ``b`` of word ``w`` holds inputs ``4w + b`` (low nibble) and ``64 + 4w + b`` (high), so
     nibble ``p`` multiplies input ``4w + p // 2 + 64 * (p % 2)``, scaled up by 2^64 over the nibble's own
     2^(4p) (``_nibble_in_place``). ``sum((u - 8) x) = sum(u x) - 8 sum(x)``: the 8s come off once per word.
     Eight fused multiply-adds and about nine integer operations a word: about two instructions a weight."""
-    x_words_ptr = x_group_ptr + 4 * tl.arange(0, WORDS)
-    x_sum = tl.zeros([WORDS], tl.float32)
+    x_lo = _by_byte(_load_x(x_group_ptr + tl.arange(0, HALF), group_ok), WORDS)  # inputs 4w + b, b = 0..3
+    x_hi = _by_byte(_load_x(x_group_ptr + HALF + tl.arange(0, HALF), group_ok), WORDS)  # inputs 64 + 4w + b
+    x_sum = x_lo[0] + x_hi[0] + x_lo[1] + x_hi[1] + x_lo[2] + x_hi[2] + x_lo[3] + x_hi[3]
     part = tl.zeros(words.shape, tl.float32)
     for p in tl.static_range(8):
-        x = _load_x(x_words_ptr + (p // 2) + (p % 2) * HALF, x_ok)
-        x_sum += x
+        x = x_hi[p // 2] if p % 2 else x_lo[p // 2]
         part = part + _nibble_in_place(words, p) * _scaled_for_nibble(x, p)[None, :]
     return part + (x_sum * NIBBLE_OFFSET)[None, :]
 
@@ -244,6 +254,8 @@ def _quantized_gemv_kernel(
                                     other=0.0)
                 if WORDS:
                     x_group = x_ptr + kg
+                    if not EVEN:  # the whole group is in this slice of K, or none of it
+                        x_ok = kg + tl.arange(0, HALF) < k_end
                     acc0 = _fold(acc0, _int4_group_subnormal(b, x_group, x_ok, HALF, WIDTH) * scale[:, None],
                                  DEFER_SUM)
                     if ROWS > 1:
