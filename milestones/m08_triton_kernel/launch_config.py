@@ -63,6 +63,15 @@ LAUNCH_TABLE: dict[str, DecodeKernelConfig] = {
     "split": DecodeKernelConfig(tile_tokens=64, num_warps=4, num_stages=3, programs_per_sm=3),
 }
 
+# A float8 cache (m13) halves the bytes of a tile but not the work of one loop iteration (the block-table
+# addresses, the widening to fp16, the dots): with 64 keys an iteration its loop issued 5.9 instructions per
+# byte it read against 2.1 for bf16 (sm_90 assembly), and on the H200 the kernel read 1.7 TB/s where bf16's
+# read 3.9 (results/h200/step_probe_m13+fp8-kv.json). Twice the keys an iteration: 4.1 per byte.
+FP8_LAUNCH_TABLE: dict[str, DecodeKernelConfig] = {
+    "direct": DecodeKernelConfig(tile_tokens=128, num_warps=4, num_stages=2, programs_per_sm=3),
+    "split": DecodeKernelConfig(tile_tokens=128, num_warps=4, num_stages=2, programs_per_sm=3),
+}
+
 
 _SM_COUNTS: dict[int, int] = {}
 

@@ -48,8 +48,8 @@ import triton
 import triton.language as tl
 
 from .device_kernel import device_kernel, runs_interpreted
-from .launch_config import (DEFAULT_CONFIG, LAUNCH_TABLE, MAX_SPLITS, DecodeKernelConfig,  # noqa: F401
-                            choose_launch, choose_num_splits, sm_count)
+from .launch_config import (DEFAULT_CONFIG, FP8_LAUNCH_TABLE, LAUNCH_TABLE, MAX_SPLITS,  # noqa: F401
+                            DecodeKernelConfig, choose_launch, choose_num_splits, sm_count)
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 FP8_DTYPE = torch.float8_e4m3fn  # an FP8 cache (m13): read with a per-layer float32 scale for K and for V
@@ -335,16 +335,18 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     if layout.batch == 0:
         return out
+    table = FP8_LAUNCH_TABLE if kv_fp8 else LAUNCH_TABLE
     if num_splits is None:
         bound = layout.max_blocks * layout.block_size if max_context_len is None else max_context_len
         if config is None:
-            config, num_splits = choose_launch(layout.batch, layout.num_kv_heads, max(1, bound), layout.num_sms)
+            config, num_splits = choose_launch(layout.batch, layout.num_kv_heads, max(1, bound), layout.num_sms,
+                                               table)
         else:
             num_splits = choose_num_splits(layout.batch, layout.num_kv_heads, max(1, bound), layout.num_sms, config)
     elif not 1 <= num_splits <= MAX_SPLITS:
         raise ValueError(f"num_splits must be in [1, {MAX_SPLITS}], got {num_splits}")
     elif config is None:
-        config = LAUNCH_TABLE["split" if num_splits > 1 else "direct"]
+        config = table["split" if num_splits > 1 else "direct"]
 
     batch, num_heads, head_dim = layout.batch, layout.num_heads, layout.head_dim
     split = num_splits > 1
