@@ -19,8 +19,9 @@ fi
 # models are tiny. On the H200's 16 cores without this, tests ran 2-5x slower than on a 2-core laptop.
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" MKL_NUM_THREADS=1
 "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else '')"
-workers=()  # work stealing: a worker that ends early takes tests queued for a busy one
-"$PY" -c "import xdist" 2>/dev/null && workers=(-n "${PYTEST_WORKERS:-$(nproc)}" --dist worksteal)
+workers=()  # work stealing: a worker that ends early takes tests queued for a busy one; `nproc --all`: plain
+# nproc honours OMP_NUM_THREADS (1, above) and would start a single worker
+"$PY" -c "import xdist" 2>/dev/null && workers=(-n "${PYTEST_WORKERS:-$(nproc --all)}" --dist worksteal)
 timeout -s INT "${PYTEST_TIMEOUT_S:-0}" "$PY" -m pytest -q -rfs -p no:cacheprovider --durations=30 "${workers[@]}" \
     "${@:-tests}" 2>&1 | tee "$OUT/pytest_cuda.log"
 exit "${PIPESTATUS[0]}"
