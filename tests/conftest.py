@@ -50,6 +50,14 @@ def end_with_this_process() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
+def env_with_checkout(**extra: str) -> dict[str, str]:
+    """The environment for a test's own Python script: the checkout on PYTHONPATH, because a script's folder, not
+    the working directory, starts ``sys.path`` (a machine that runs the suite without installing the package, as
+    the GPU call does, finds milestones/ there)."""
+    checkout = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return {**os.environ, **extra, "PYTHONPATH": os.pathsep.join(filter(None, [checkout, os.environ.get("PYTHONPATH")]))}
+
+
 def tiny_hf_config(tie_word_embeddings: bool = True) -> Qwen3Config:
     return Qwen3Config(
         vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import env_with_checkout
+
 REPO = Path(__file__).resolve().parents[1]
 DOCS = REPO / "docs"
 RESULTS = REPO / "benchmarks" / "results" / "h200"
@@ -217,11 +219,7 @@ def test_the_code_in_the_pages_exercises_runs(tokenizer_cache, tmp_path):
     script.write_text("\n".join(f"print('== {name} {i}', flush=True)\n"
                                 f"exec(compile({code!r}, 'docs {name} exercise {i}', 'exec'), {{'__name__': '__main__'}})"
                                 for i, (name, code) in enumerate(snippets)))
-    # a script's own folder, not the working directory, starts sys.path: the checkout goes on PYTHONPATH (a machine
-    # that runs the suite without installing the package, as the GPU call does, finds milestones/ there)
-    python_path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
-    done = subprocess.run([sys.executable, str(script)], cwd=REPO,
-                          env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": python_path},
+    done = subprocess.run([sys.executable, str(script)], cwd=REPO, env=env_with_checkout(OMP_NUM_THREADS="1"),
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-1500:] + done.stderr[-3000:]
 

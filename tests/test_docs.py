@@ -45,7 +45,7 @@ from urllib.parse import unquote
 
 import pytest
 
-from conftest import end_with_this_process
+from conftest import end_with_this_process, env_with_checkout
 
 REPO = Path(__file__).resolve().parents[1]
 LINKED_DOCS = [REPO / "README.md", REPO / "AGENTS.md", *sorted((REPO / "docs").rglob("*.md"))]
@@ -463,11 +463,7 @@ def test_the_workshop_solutions_run(tokenizer_cache, tmp_path):
     script.write_text("\n".join(f"print('== solution {i}', flush=True)\n"
                                 f"exec(compile({block!r}, 'docs/workshop.md solution {i}', 'exec'), {{'__name__': '__main__'}})"
                                 for i, block in enumerate(blocks)))
-    # a script's own folder, not the working directory, starts sys.path: the checkout goes on PYTHONPATH (a machine
-    # that runs the suite without installing the package, as the GPU call does, finds milestones/ there)
-    python_path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
-    done = subprocess.run([sys.executable, str(script)], cwd=REPO,
-                          env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": python_path},
+    done = subprocess.run([sys.executable, str(script)], cwd=REPO, env=env_with_checkout(OMP_NUM_THREADS="1"),
                           capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S * 3)
     assert done.returncode == 0, done.stdout[-1500:] + done.stderr[-3000:]
     assert done.stdout.count("== solution ") == len(blocks)

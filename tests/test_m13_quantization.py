@@ -359,7 +359,8 @@ def test_the_triton_kernels_and_graphs_give_the_torch_paths_logits(groupable_che
                                                               use_tqdm=False)]
     error = logit_error(forced_logits(torch_path, prompts, continuations),
                         forced_logits(triton_path, prompts, continuations))
-    assert triton_path.stats.graph_steps > 0 and triton_path.stats.eager_steps > 0
+    stats = triton_path.stats  # the prompt step ran outside the decode graphs: eagerly, or in pieces (m12)
+    assert stats.graph_steps > 0 and stats.eager_steps + getattr(stats, "piecewise_steps", 0) > 0
     # float32 sums in another order can move a K/V value across an FP8 rounding boundary (a 1/16 step) now and
     # then: measured 7e-7 to 2.5e-5, against 0.06 for FP8 itself and 0.46 for int4 (the errors this path adds to)
     assert error.rel_rms < 1e-3 and error.top1_agreement == 1.0, error

@@ -26,7 +26,7 @@ import torch.distributed as dist
 from safetensors.torch import load_file
 from transformers import Qwen3ForCausalLM
 
-from conftest import greedy_reference, random_prompts, randomize_norm_weights, tiny_hf_config
+from conftest import env_with_checkout, greedy_reference, random_prompts, randomize_norm_weights, tiny_hf_config
 from milestones.m14_tensor_parallel import EngineConfig, LLMEngine, TensorParallelError
 from milestones.m14_tensor_parallel.parallel_layers import RowParallelLinear
 from milestones.m14_tensor_parallel.parallel_state import rank_devices
@@ -242,7 +242,8 @@ def test_the_workers_end_with_the_engines_process_however_it_ends(tied_checkpoin
     script, pids_file = tmp_path / "engine.py", tmp_path / "pids"
     script.write_text(ENGINE_SCRIPT)
     process = subprocess.Popen([sys.executable, str(script), str(tied_checkpoint[0]), str(pids_file)],
-                               stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                               env=env_with_checkout(), stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
     try:
         wait_for(lambda: pids_file.exists() and pids_file.read_text(), "the engine started", process)
         workers = [int(pid) for pid in pids_file.read_text().split()]
