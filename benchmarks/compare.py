@@ -114,8 +114,7 @@ def aggregate(result: dict, runs: list[dict]) -> None:
     """Fill ``result`` from its timed runs: the median run's figures, every run's metrics, the spread."""
     if not runs:
         return
-    by_wall = sorted(range(len(runs)), key=lambda k: runs[k]["metrics"]["wall_time_s"])
-    median = by_wall[(len(runs) - 1) // 2]
+    _, median = statistics.median_low((r["metrics"]["wall_time_s"], k) for k, r in enumerate(runs))
     for key in ("metrics", "groups", "sweep", "phases", "per_step", "tokens"):
         result[key] = runs[median][key]
     result["tokens"] = {**runs[median]["tokens"],

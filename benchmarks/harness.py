@@ -15,6 +15,7 @@ import hashlib
 import json
 import math
 import signal
+import statistics
 import threading
 import time
 import traceback
@@ -143,8 +144,7 @@ def _merge_stats(stats_list: list[dict]) -> tuple[dict, dict[str, list]]:
                 merged[key] += value
             else:
                 merged[key] = value
-    for key, values in means.items():
-        merged[key] = sum(values) / len(values)
+    merged.update({key: statistics.fmean(values) for key, values in means.items()})
     queried = merged.get("prefix_cache_queried_tokens")
     if queried:  # m06 on: the hit rate from the summed counters
         merged["prefix_cache_hit_rate"] = merged.get("prefix_cache_hit_tokens", 0) / queried
@@ -167,11 +167,10 @@ def _metrics(outputs: list[RequestOutput], wall: float, stats: dict, per_step: d
     metrics.update({k: v for k, v in stats.items() if k not in metrics})  # and what a later milestone counts
     metrics["cuda_max_memory_allocated_bytes"] = cuda_peak
     counts = per_step.get("running_per_step") or []  # engines with a scheduler (m04 on) count them each step
-    metrics["running_mean"] = sum(counts) / len(counts) if counts else None
-    metrics["running_max"] = max(counts) if counts else None
     queued = per_step.get("waiting_per_step") or []  # steps after which requests still waited: memory binds
     busy = [r for r, w in zip(counts, queued) if w]
-    metrics["running_mean_while_waiting"] = sum(busy) / len(busy) if busy else None
+    metrics.update(running_mean=statistics.fmean(counts) if counts else None, running_max=max(counts, default=None),
+                   running_mean_while_waiting=statistics.fmean(busy) if busy else None)
     return metrics
 
 
@@ -261,7 +260,7 @@ def result_name(milestone: str, workload: str) -> str:
 
 def new_result(name: str, milestone: str, workload: Workload, model: str, device: str, dtype: str) -> dict:
     """A result with every key present, ``status: "running"``; filled in as the run goes."""
-    result: dict = {key: None for key in RESULT_KEYS}
+    result: dict = dict.fromkeys(RESULT_KEYS)
     result.update(schema_version=SCHEMA_VERSION, name=name, milestone=milestone_key(milestone),
                   workload=workload.describe(), status="running")
     result["model"] = {"name": model, "dtype": dtype, "device": device}
@@ -309,13 +308,9 @@ def run_benchmark(milestone: str, workload: str | Workload, *, model: str = DEFA
                   full: bool = False, overrides: dict | None = None, warmup: bool = True, use_tqdm: bool = True,
                   time_limit_s: float | None = None, catch_errors: bool = False, inject: bool = True,
                   tag: str | None = None, log: Callable[[str], None] | None = print) -> dict:
-    """Run ``milestone`` (``m01``..., or a registered runner such as ``hf-static``) on ``workload``.
-
-    ``max_requests`` cuts the workload (else a slow milestone runs its ``DEFAULT_SLICES`` slice, unless
-    ``full``); ``overrides`` set engine config fields; ``time_limit_s`` bounds the whole run; ``catch_errors``
-    records a failure (``status`` ``"error"`` / ``"timeout"``) instead of raising; an engine that cannot run the
-    workload gives ``"skipped"``; ``inject=False`` submits ``chunked`` workloads through ``generate``; ``tag``
-    is appended to the result's name (``m04_nanovllm+kv64k``)."""
+    """Run ``milestone`` (``m01``..., or a registered runner such as ``hf-static``) on ``workload``; the flags of
+    ``python -m benchmarks.run`` are its arguments. ``catch_errors`` records a failure (``status`` ``"error"`` /
+    ``"timeout"``) instead of raising; an engine that cannot run the workload gives ``"skipped"``."""
     log = log or (lambda _msg: None)
     wl = workload if isinstance(workload, Workload) else workload_for(
         milestone, workload, seed=workload_seed, max_requests=max_requests, full=full)

@@ -36,9 +36,9 @@ def summary_rows(results: Sequence[dict]) -> list[list]:
         m = r.get("metrics") or {}
         wl = r.get("workload") or {}
         n = f"{wl.get('num_requests')}/{wl.get('num_requests_total')}" if wl.get("slice") else wl.get("num_requests")
-        spread = (r.get("spread") or {}).get("metrics.output_tokens_per_s")
         runs = len(r.get("repeats") or []) or 1
-        tps = _num(m.get("output_tokens_per_s")) + (f" ({spread[0]:.1f}-{spread[1]:.1f})" if spread and runs > 1 else "")
+        spread = (r.get("spread") or {}).get("metrics.output_tokens_per_s") if runs > 1 else None
+        tps = _num(m.get("output_tokens_per_s")) + (f" ({spread[0]:.1f}-{spread[1]:.1f})" if spread else "")
         rows.append([r["name"], r["status"], n, runs, tps, _num(m.get("wall_time_s"), ".2f"),
                      *(_ms(m.get(f"{k}_s")) for k in ("ttft_p50", "itl_mean", "itl_p50", "itl_p99", "itl_max")),
                      _num(m.get("running_mean")),
