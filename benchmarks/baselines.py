@@ -11,7 +11,6 @@ import logging
 import time
 
 import torch
-from torch.nn.utils.rnn import pad_sequence
 
 from milestones.m01_naive_loop.config import EngineConfig
 from milestones.m01_naive_loop.loader import PRESETS, load_model, preset_config
@@ -134,11 +133,12 @@ class HFStaticRunner(_BaselineRunner):
         step, and the padded prompt length. ``max_new_tokens`` caps the batch's longest output (warm-ups)."""
         from transformers import StoppingCriteriaList
 
-        ids = pad_sequence([torch.tensor(r.prompt_token_ids) for r in batch], batch_first=True,
-                           padding_value=PAD_ID, padding_side="left")
-        mask = pad_sequence([torch.ones(r.prompt_len, dtype=torch.long) for r in batch], batch_first=True,
-                            padding_side="left")
-        longest = ids.shape[1]
+        longest = max(r.prompt_len for r in batch)
+        ids = torch.full((len(batch), longest), PAD_ID, dtype=torch.long)
+        mask = torch.zeros((len(batch), longest), dtype=torch.long)
+        for row, r in enumerate(batch):
+            ids[row, longest - r.prompt_len:] = torch.tensor(r.prompt_token_ids)
+            mask[row, longest - r.prompt_len:] = 1
         new_tokens = max(r.max_tokens for r in batch)
         if max_new_tokens is not None:
             new_tokens = min(new_tokens, max_new_tokens)

@@ -30,10 +30,11 @@ MODES = {"bf16": {}, "int8": {"quantization": "int8"}, "int4": {"quantization": 
 TARGETS = {"int8": 1.6, "int4": 2.5}  # m13's batch-1 speed-up over bf16 on qwen3-8b-random
 
 
-def parse_modes(text: str) -> list[str]:
-    values = [v for v in text.split(",") if v.strip()]
-    if not values or any(v not in MODES for v in values):
-        raise argparse.ArgumentTypeError(f"expected values from {sorted(MODES)}, got {text!r}")
+def parse_modes(text: str, modes: dict = MODES) -> list[str]:
+    """argparse ``type=`` for comma-separated names of ``modes``."""
+    values = [v.strip() for v in text.split(",") if v.strip()]
+    if not values or any(v not in modes for v in values):
+        raise argparse.ArgumentTypeError(f"expected values from {sorted(modes)}, got {text!r}")
     return values
 
 
