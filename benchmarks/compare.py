@@ -88,15 +88,13 @@ def plan_residency(members: Sequence[Member], workload: Workload, model: str, de
 def _lookup(record: dict, path: str):
     """``metrics.<key>``, ``groups.<group>.<key>`` or ``sweep.<prompt_len>.<key>`` of a result or repeat."""
     head, *rest = path.split(".")
-    if head == "metrics":
-        return (record.get("metrics") or {}).get(rest[0])
-    if head == "groups":
-        return ((record.get("groups") or {}).get(rest[0]) or {}).get(rest[1])
     if head == "sweep":
-        for row in record.get("sweep") or []:
-            if str(row["prompt_len"]) == rest[0]:
-                return row.get(rest[1])
-    return None
+        return next((row.get(rest[1]) for row in record.get("sweep") or [] if str(row["prompt_len"]) == rest[0]),
+                    None)
+    value = record.get(head)
+    for key in rest:  # a dict that may be null (no groups) at any level
+        value = (value or {}).get(key)
+    return value
 
 
 def _spread(repeats: list[dict]) -> dict:

@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from milestones.common.demo import random_prompts
+from milestones.common.demo import positive_int, random_prompts
 from milestones.m01_naive_loop.loader import PRESETS
 from milestones.m13_quantization import EngineConfig, LLMEngine, SamplingParams
 from milestones.m13_quantization.accuracy import forced_logits, logit_error
@@ -70,16 +70,14 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--dtype", default="auto", help="the reference's dtype (auto: bf16 on a GPU)")
     parser.add_argument("--modes", type=partial(parse_modes, modes=MODES), default=",".join(MODES),
                         help=f"comma-separated, from {', '.join(MODES)}")
-    parser.add_argument("--num-prompts", type=int, default=8)
-    parser.add_argument("--prompt-len", type=int, default=64, help="tokens per random prompt (presets)")
-    parser.add_argument("--max-tokens", type=int, default=32, help="teacher-forced positions per prompt")
+    parser.add_argument("--num-prompts", type=positive_int, default=8)
+    parser.add_argument("--prompt-len", type=positive_int, default=64, help="tokens per random prompt (presets)")
+    parser.add_argument("--max-tokens", type=positive_int, default=32, help="teacher-forced positions per prompt")
     parser.add_argument("--kv-cache-memory-gib", type=float, default=2.0)
     parser.add_argument("--no-float32", action="store_true", help="leave out the float32 yardstick")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=None, help="JSON path (default benchmarks/results/<gpu>/m13_accuracy...)")
     args = parser.parse_args(argv)
-    if min(args.num_prompts, args.prompt_len, args.max_tokens) < 1:
-        parser.error("--num-prompts, --prompt-len and --max-tokens must be positive")
 
     began = time.perf_counter()
     if args.model in PRESETS:
