@@ -116,10 +116,6 @@ ADDITIVE_STATS = ("steps", "tokens_computed", "padding_tokens", "prompt_tokens_c
                   "torch_compilations")
 
 
-def _is_additive(key: str) -> bool:
-    return key in ADDITIVE_STATS or key.endswith(("_tokens", "_byte_steps", "_records"))
-
-
 def _merge_stats(stats_list: list[dict]) -> tuple[dict, dict[str, list]]:
     """Merge the phases' ``EngineStats``: counters add up, peaks take the maximum, per-step lists are
     concatenated (returned apart), means are recomputed from the sums behind them (else averaged over
@@ -140,7 +136,7 @@ def _merge_stats(stats_list: list[dict]) -> tuple[dict, dict[str, list]]:
                 merged[key] = value
             elif "peak" in key or key.endswith("_max"):
                 merged[key] = max(merged[key], value)
-            elif _is_additive(key):
+            elif key in ADDITIVE_STATS or key.endswith(("_tokens", "_byte_steps", "_records")):
                 merged[key] += value
             else:
                 merged[key] = value
@@ -160,11 +156,10 @@ def _merge_stats(stats_list: list[dict]) -> tuple[dict, dict[str, list]]:
 
 def _metrics(outputs: list[RequestOutput], wall: float, stats: dict, per_step: dict[str, list],
              cuda_peak: int | None) -> dict:
-    metrics = dict(summarize(outputs, wall))
-    for key in METRIC_KEYS:
-        if key not in metrics:
-            metrics[key] = stats.get(key)
-    metrics.update({k: v for k, v in stats.items() if k not in metrics})  # and what a later milestone counts
+    summary = summarize(outputs, wall)
+    # In this order: the latency summary, every METRIC_KEYS key (None where unknown), what a later milestone
+    # counts; where a key is in both, the summary's value wins.
+    metrics = {**summary, **{key: stats.get(key) for key in METRIC_KEYS}, **stats, **summary}
     metrics["cuda_max_memory_allocated_bytes"] = cuda_peak
     counts = per_step.get("running_per_step") or []  # engines with a scheduler (m04 on) count them each step
     queued = per_step.get("waiting_per_step") or []  # steps after which requests still waited: memory binds
