@@ -17,7 +17,6 @@ import asyncio
 import concurrent.futures
 import dataclasses
 import importlib
-import json
 import math
 import multiprocessing
 import time
