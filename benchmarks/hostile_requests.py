@@ -3,11 +3,8 @@
     python -m benchmarks.hostile_requests                       # tiny preset, CPU: prints the summary
     python -m benchmarks.hostile_requests --out local-results   # also writes <out>/cpu/hostile_requests.json
 
-m09's server runs in this process, its event loop watched (``LoopLag``); a stream with a ``/health`` prober
-(every 10 ms) and the hostile client run in two processes of their own. Per hostile request (a 30 MB body with a
-``Content-Length``, the same chunked, the longest prompt the body limit lets through), over ``--repeats`` rounds:
-``/health`` latency, the stream's longest gap and the loop's longest lag, during the request and in the quiet
-seconds before it. Method and results: docs/m09-server.md.
+m09's server runs in this process, its event loop watched (``LoopLag``); a stream with a ``/health`` prober and
+the hostile client (``HOSTILE``) run in processes of their own. Method and results: docs/m09-server.md.
 """
 
 from __future__ import annotations
