@@ -258,11 +258,8 @@ class HFContinuousBatchingRunner(_BaselineRunner):
         return ContinuousBatchingConfig(**{k: v for k, v in wanted.items() if k in names})
 
     def knobs(self) -> dict:
-        cb = None
-        if self.manager is not None and getattr(self.manager, "continuous_batching_config", None) is not None:
-            cb = self.manager.continuous_batching_config  # resolved: num_blocks, max_batch_tokens ...
-        elif self.cb_config is not None:
-            cb = self.cb_config
+        # the manager's is resolved (num_blocks, max_batch_tokens ...); before it starts, what we asked for
+        cb = getattr(self.manager, "continuous_batching_config", None) or self.cb_config
         return {**self._base_knobs(), "api": "manager", "per_request_max_new_tokens": True,
                 "eos": "ignored", "continuous_batching_config": cb,
                 "attn_implementation_during_run": getattr(self, "_attn_during_run", None)}

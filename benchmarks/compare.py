@@ -88,15 +88,13 @@ def plan_residency(members: Sequence[Member], workload: Workload, model: str, de
 def _lookup(record: dict, path: str):
     """``metrics.<key>``, ``groups.<group>.<key>`` or ``sweep.<prompt_len>.<key>`` of a result or repeat."""
     head, *rest = path.split(".")
-    if head == "metrics":
-        return (record.get("metrics") or {}).get(rest[0])
-    if head == "groups":
-        return ((record.get("groups") or {}).get(rest[0]) or {}).get(rest[1])
     if head == "sweep":
-        for row in record.get("sweep") or []:
-            if str(row["prompt_len"]) == rest[0]:
-                return row.get(rest[1])
-    return None
+        return next((row.get(rest[1]) for row in record.get("sweep") or [] if str(row["prompt_len"]) == rest[0]),
+                    None)
+    value = record.get(head)
+    for key in rest:  # a dict that may be null (no groups) at any level
+        value = (value or {}).get(key)
+    return value
 
 
 def _spread(repeats: list[dict]) -> dict:
@@ -114,8 +112,7 @@ def aggregate(result: dict, runs: list[dict]) -> None:
     """Fill ``result`` from its timed runs: the median run's figures, every run's metrics, the spread."""
     if not runs:
         return
-    by_wall = sorted(range(len(runs)), key=lambda k: runs[k]["metrics"]["wall_time_s"])
-    median = by_wall[(len(runs) - 1) // 2]
+    _, median = statistics.median_low((r["metrics"]["wall_time_s"], k) for k, r in enumerate(runs))
     for key in ("metrics", "groups", "sweep", "phases", "per_step", "tokens"):
         result[key] = runs[median][key]
     result["tokens"] = {**runs[median]["tokens"],

@@ -88,8 +88,8 @@ def git_info() -> dict:
 
 
 def environment(device: torch.device | str | None = None) -> dict:
-    device = torch.device(device) if device is not None else None
     """Where a result came from: GPU, library versions, host, time, git commit and source hash."""
+    device = torch.device(device) if device is not None else None
     info = {"gpu_name": gpu_name(device), "gpu_slug": gpu_slug(device),
             "device": str(device) if device is not None else None, "torch": torch.__version__,
             "cuda": torch.version.cuda, "triton": _version("triton"), "transformers": _version("transformers"),

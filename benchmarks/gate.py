@@ -49,10 +49,9 @@ def gate_workload(workload: Workload, num_requests: int = NUM_REQUESTS, output_c
     chosen = chosen[:num_requests]  # sweeps: one group per length, the shortest first
     chosen += [i for i in range(len(specs)) if i not in chosen][:num_requests - len(chosen)]
 
-    def capped(spec: RequestSpec) -> RequestSpec:
-        if spec.stop_after is not None:
-            return replace(spec, stop_after=min(spec.stop_after, output_cap))
-        return replace(spec, max_tokens=min(spec.max_tokens, output_cap))
+    def capped(spec: RequestSpec) -> RequestSpec:  # the length the request is credited: where the client stops it
+        length = "max_tokens" if spec.stop_after is None else "stop_after"
+        return replace(spec, **{length: min(getattr(spec, length), output_cap)})
 
     requests = tuple(capped(specs[i]) for i in sorted(chosen))
     reason = f"correctness gate: {len(requests)} requests, outputs capped at {output_cap} tokens"

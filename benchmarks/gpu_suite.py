@@ -110,8 +110,9 @@ class Suite:
     def left(self) -> float:
         return self.budget_s - (time.perf_counter() - self.began)
 
-    def clock(self) -> str:
-        return f"{time.perf_counter() - self.began:.0f} s used"
+    def limit(self) -> float:
+        """The time limit of the next gate check, run or comparison: what is left, less the time to write it."""
+        return max(self.left() - SAFETY_S, 1)
 
     def write(self, text: str | None = None, pending: list[dict] | None = None) -> None:
         if self.out_env is None:
@@ -128,7 +129,12 @@ class Suite:
             m = result.get("metrics") or {}
             print(f"    {result['name']}: {result['status']} in {result.get('total_time_s', 0):.1f} s"
                   + (f", {m['output_tokens_per_s']:.1f} out tok/s" if m.get("output_tokens_per_s") else "")
-                  + (f" -> {path}" if path else ""), flush=True)
+                  + f" -> {path}", flush=True)
+
+    def _too_long(self, est_s: float, what: str = "") -> str | None:
+        if est_s > self.left():
+            return f"estimated {est_s:.0f} s{what} does not fit in the {self.left():.0f} s left of the budget"
+        return None
 
     def run_gate(self) -> None:
         items = gate_items(self.entries, num_requests=4)
@@ -145,67 +151,43 @@ class Suite:
                     self.gate_records.append({"label": item.label, "engine": milestone_key(item.engine),
                                               "workload": item.workload, "status": "skipped", "error": why_not})
                 else:
-                    self.gate_records.append(gate.check(item, time_limit_s=max(self.left() - SAFETY_S, 1)))
+                    self.gate_records.append(gate.check(item, time_limit_s=self.limit()))
                 self.write()
         finally:
             gate.close()
 
-    def run_entry(self, index: int, entry: Entry) -> None:
-        tag = f"({index}/{len(self.entries)}, {self.clock()})"
-        if isinstance(entry, Gate):
-            return
-        if isinstance(entry, Run):
-            self._run(entry, tag)
-        else:
-            self._compare(entry, tag)
-        self.write()
-
-    def _too_long(self, est_s: float, what: str = "") -> str | None:
-        if est_s > self.left():
-            return f"estimated {est_s:.0f} s{what} does not fit in the {self.left():.0f} s left of the budget"
-        return None
-
-    def _run(self, entry: Run, tag: str) -> None:
-        name = describe(entry)
+    def _run(self, entry: Run, tag: str) -> dict | None:
         why_not = available(entry.milestone)
         skip = f"engine not available: {why_not}" if why_not else self._too_long(entry.est_s)
         if skip is not None:
-            print(f"--- {name} skipped {tag}: {skip}", flush=True)
-            self.results.append(skipped(f"{milestone_key(entry.milestone)}_{entry.workload}", entry.milestone,
-                                        entry.workload, skip))
-            return
-        print(f"--- {name} {tag}", flush=True)
+            return skipped(f"{milestone_key(entry.milestone)}_{entry.workload}", entry.milestone, entry.workload, skip)
+        print(f"--- {describe(entry)} {tag}", flush=True)
         self.keep(run_benchmark(entry.milestone, entry.workload, model=self.model, device=self.device,
                                 dtype=self.dtype, max_requests=entry.max_requests, use_tqdm=self.use_tqdm,
                                 overrides=dict(entry.overrides) or None, tag=entry.tag,
-                                time_limit_s=max(self.left() - SAFETY_S, 1), catch_errors=True))
+                                time_limit_s=self.limit(), catch_errors=True))
+        return None
 
-    def _compare(self, entry: Compare, tag: str) -> None:
-        name = describe(entry)
+    def _compare(self, entry: Compare, tag: str) -> dict | None:
         missing = {m: available(m.engine) for m in entry.members}
         members = tuple(m for m in entry.members if missing[m] is None)
         reasons = [f"{m.label}: {why}" for m, why in missing.items() if why is not None]
         skip = ("fewer than two engines available (" + "; ".join(reasons) + ")" if len(members) < 2
                 else self._too_long(entry.est_s(members), f" for {entry.repeats} rounds"))
         if skip is not None:  # one record for the whole comparison: its members may be measured elsewhere
-            print(f"--- {name} skipped {tag}: {skip}", flush=True)
-            self.results.append(skipped(name, entry.members[0].engine, entry.workload, skip))
-            return
+            return skipped(describe(entry), entry.members[0].engine, entry.workload, skip)
         for reason in reasons:
             print(f"    not in this comparison: {reason}", flush=True)
-        print(f"--- {name} {tag}", flush=True)
-        workload = comparison_workload(entry, members)
-        results = run_comparison(members, workload, entry.repeats, model=self.model, device=self.device,
-                                 dtype=self.dtype, ratio_metrics=entry.metrics(), use_tqdm=self.use_tqdm,
-                                 time_limit_s=max(self.left() - SAFETY_S, 1),
-                                 on_progress=lambda partial: self.write(pending=partial))
-        for result in results:
+        print(f"--- {describe(entry)} {tag}", flush=True)
+        for result in run_comparison(members, comparison_workload(entry, members), entry.repeats, model=self.model,
+                                     device=self.device, dtype=self.dtype, ratio_metrics=entry.metrics(),
+                                     use_tqdm=self.use_tqdm, time_limit_s=self.limit(),
+                                     on_progress=lambda partial: self.write(pending=partial)):
             self.keep(result)
-        for m, why in missing.items():
-            if why is not None:
-                self.results.append(skipped(f"{milestone_key(m.engine)}_{entry.workload}"
-                                            + (f"+{m.tag}" if m.tag else ""), m.engine, entry.workload,
-                                            f"engine not available: {why}"))
+        self.results += [skipped(f"{milestone_key(m.engine)}_{entry.workload}" + (f"+{m.tag}" if m.tag else ""),
+                                 m.engine, entry.workload, f"engine not available: {why}")
+                         for m, why in missing.items() if why is not None]
+        return None
 
     def run(self) -> int:
         print(f"suite: {len(self.entries)} entries, budget {self.budget_s:.0f} s: {', '.join(self.meta['entries'])}",
@@ -213,7 +195,14 @@ class Suite:
         if self.gate:
             self.run_gate()
         for i, entry in enumerate(self.entries, 1):
-            self.run_entry(i, entry)
+            if isinstance(entry, Gate):  # its checks ran in the gate
+                continue
+            tag = f"({i}/{len(self.entries)}, {time.perf_counter() - self.began:.0f} s used)"
+            record = self._run(entry, tag) if isinstance(entry, Run) else self._compare(entry, tag)
+            if record is not None:
+                print(f"--- {describe(entry)} skipped {tag}: {record['error']}", flush=True)
+                self.results.append(record)
+            self.write()
         self.meta["total_time_s"] = time.perf_counter() - self.began
         text = report(self.results, self.gate_records)
         print("\n" + text, flush=True)
@@ -311,16 +300,14 @@ def unpack(path: Path, out: Path) -> None:
 
 def list_sets() -> None:
     for name, entries in SETS.items():
-        measuring = sum(e.est_s if isinstance(e, Run) else e.est_s() for e in entries if not isinstance(e, Gate))
+        est = [None if isinstance(e, Gate) else e.est_s if isinstance(e, Run) else e.est_s() for e in entries]
+        measuring = sum(s for s in est if s is not None)
         checks = len([i for i in gate_items(entries, num_requests=4) if i.engine not in registered_runners()])
         gate = GATE_REFERENCE_S + checks * GATE_ITEM_S if checks else 0
         print(f"{name}: ~{measuring + gate:.0f} s on an H200 (measuring ~{measuring:.0f} s, gate of {checks} "
               f"engine:workload pairs ~{gate:.0f} s)")
-        for e in entries:
-            if isinstance(e, Gate):
-                print(f"    {describe(e)}")
-            else:
-                print(f"    {describe(e)}  ~{e.est_s if isinstance(e, Run) else e.est_s():.0f} s")
+        for e, seconds in zip(entries, est):
+            print(f"    {describe(e)}" + ("" if seconds is None else f"  ~{seconds:.0f} s"))
     print(f"\nthe gate: ~{GATE_ITEM_S} s per engine:workload pair, plus ~{GATE_REFERENCE_S} s once per call "
           "(--no-gate skips it)")
 

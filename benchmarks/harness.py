@@ -15,6 +15,7 @@ import hashlib
 import json
 import math
 import signal
+import statistics
 import threading
 import time
 import traceback
@@ -115,10 +116,6 @@ ADDITIVE_STATS = ("steps", "tokens_computed", "padding_tokens", "prompt_tokens_c
                   "torch_compilations")
 
 
-def _is_additive(key: str) -> bool:
-    return key in ADDITIVE_STATS or key.endswith(("_tokens", "_byte_steps", "_records"))
-
-
 def _merge_stats(stats_list: list[dict]) -> tuple[dict, dict[str, list]]:
     """Merge the phases' ``EngineStats``: counters add up, peaks take the maximum, per-step lists are
     concatenated (returned apart), means are recomputed from the sums behind them (else averaged over
@@ -139,12 +136,11 @@ def _merge_stats(stats_list: list[dict]) -> tuple[dict, dict[str, list]]:
                 merged[key] = value
             elif "peak" in key or key.endswith("_max"):
                 merged[key] = max(merged[key], value)
-            elif _is_additive(key):
+            elif key in ADDITIVE_STATS or key.endswith(("_tokens", "_byte_steps", "_records")):
                 merged[key] += value
             else:
                 merged[key] = value
-    for key, values in means.items():
-        merged[key] = sum(values) / len(values)
+    merged.update({key: statistics.fmean(values) for key, values in means.items()})
     queried = merged.get("prefix_cache_queried_tokens")
     if queried:  # m06 on: the hit rate from the summed counters
         merged["prefix_cache_hit_rate"] = merged.get("prefix_cache_hit_tokens", 0) / queried
@@ -160,18 +156,16 @@ def _merge_stats(stats_list: list[dict]) -> tuple[dict, dict[str, list]]:
 
 def _metrics(outputs: list[RequestOutput], wall: float, stats: dict, per_step: dict[str, list],
              cuda_peak: int | None) -> dict:
-    metrics = dict(summarize(outputs, wall))
-    for key in METRIC_KEYS:
-        if key not in metrics:
-            metrics[key] = stats.get(key)
-    metrics.update({k: v for k, v in stats.items() if k not in metrics})  # and what a later milestone counts
+    summary = summarize(outputs, wall)
+    # In this order: the latency summary, every METRIC_KEYS key (None where unknown), what a later milestone
+    # counts; where a key is in both, the summary's value wins.
+    metrics = {**summary, **{key: stats.get(key) for key in METRIC_KEYS}, **stats, **summary}
     metrics["cuda_max_memory_allocated_bytes"] = cuda_peak
     counts = per_step.get("running_per_step") or []  # engines with a scheduler (m04 on) count them each step
-    metrics["running_mean"] = sum(counts) / len(counts) if counts else None
-    metrics["running_max"] = max(counts) if counts else None
     queued = per_step.get("waiting_per_step") or []  # steps after which requests still waited: memory binds
     busy = [r for r, w in zip(counts, queued) if w]
-    metrics["running_mean_while_waiting"] = sum(busy) / len(busy) if busy else None
+    metrics.update(running_mean=statistics.fmean(counts) if counts else None, running_max=max(counts, default=None),
+                   running_mean_while_waiting=statistics.fmean(busy) if busy else None)
     return metrics
 
 
@@ -261,7 +255,7 @@ def result_name(milestone: str, workload: str) -> str:
 
 def new_result(name: str, milestone: str, workload: Workload, model: str, device: str, dtype: str) -> dict:
     """A result with every key present, ``status: "running"``; filled in as the run goes."""
-    result: dict = {key: None for key in RESULT_KEYS}
+    result: dict = dict.fromkeys(RESULT_KEYS)
     result.update(schema_version=SCHEMA_VERSION, name=name, milestone=milestone_key(milestone),
                   workload=workload.describe(), status="running")
     result["model"] = {"name": model, "dtype": dtype, "device": device}
@@ -309,13 +303,9 @@ def run_benchmark(milestone: str, workload: str | Workload, *, model: str = DEFA
                   full: bool = False, overrides: dict | None = None, warmup: bool = True, use_tqdm: bool = True,
                   time_limit_s: float | None = None, catch_errors: bool = False, inject: bool = True,
                   tag: str | None = None, log: Callable[[str], None] | None = print) -> dict:
-    """Run ``milestone`` (``m01``..., or a registered runner such as ``hf-static``) on ``workload``.
-
-    ``max_requests`` cuts the workload (else a slow milestone runs its ``DEFAULT_SLICES`` slice, unless
-    ``full``); ``overrides`` set engine config fields; ``time_limit_s`` bounds the whole run; ``catch_errors``
-    records a failure (``status`` ``"error"`` / ``"timeout"``) instead of raising; an engine that cannot run the
-    workload gives ``"skipped"``; ``inject=False`` submits ``chunked`` workloads through ``generate``; ``tag``
-    is appended to the result's name (``m04_nanovllm+kv64k``)."""
+    """Run ``milestone`` (``m01``..., or a registered runner such as ``hf-static``) on ``workload``; the flags of
+    ``python -m benchmarks.run`` are its arguments. ``catch_errors`` records a failure (``status`` ``"error"`` /
+    ``"timeout"``) instead of raising; an engine that cannot run the workload gives ``"skipped"``."""
     log = log or (lambda _msg: None)
     wl = workload if isinstance(workload, Workload) else workload_for(
         milestone, workload, seed=workload_seed, max_requests=max_requests, full=full)

@@ -19,17 +19,13 @@ DEFAULT_COMPILE = {"compile_backend": "inductor", "compile_mode": "reduce-overhe
 
 def torch_compilations() -> int:
     """Graphs torch.compile has built in this process so far (dynamo's own counter)."""
-    from torch._dynamo.utils import counters
-
-    return int(counters["stats"]["unique_graphs"])
+    return int(torch._dynamo.utils.counters["stats"]["unique_graphs"])
 
 
 def cudagraph_skips() -> int:
     """Compiled graphs inductor chose not to replay as CUDA graphs so far (it also logs why). On a CPU every
     inductor graph counts; on the GPU, 0 is what ``mode="reduce-overhead"`` should give."""
-    from torch._dynamo.utils import counters
-
-    return int(counters["inductor"]["cudagraph_skips"])
+    return int(torch._dynamo.utils.counters["inductor"]["cudagraph_skips"])
 
 
 @register_runner("hf-compiled")

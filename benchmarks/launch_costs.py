@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
+import timeit
 from collections.abc import Callable
 from pathlib import Path
 
@@ -26,18 +26,10 @@ from .env import environment, write_json
 
 
 def host_us_per_call(call: Callable[[], object], iterations: int, rounds: int, sync: Callable[[], None]) -> float:
-    """Median over ``rounds`` of the host microseconds per call of ``iterations`` back-to-back ``call()``s."""
-    for _ in range(max(1, iterations // 10)):  # warm-up: first calls compile, allocate, fill caches
-        call()
-    sync()
-    per_round = []
-    for _ in range(rounds):
-        start = time.perf_counter()
-        for _ in range(iterations):
-            call()
-        per_round.append((time.perf_counter() - start) / iterations * 1e6)
-        sync()
-    return statistics.median(per_round)
+    """Median over ``rounds`` of the host microseconds per call of ``iterations`` back-to-back ``call()``s
+    (``timeit``; the device is synced before each round, untimed)."""
+    timeit.repeat(call, sync, number=max(1, iterations // 10), repeat=1)  # warm-up: compile, allocate, fill caches
+    return statistics.median(timeit.repeat(call, sync, number=iterations, repeat=rounds)) / iterations * 1e6
 
 
 def triton_launcher(device: torch.device) -> Callable[[], object] | None:

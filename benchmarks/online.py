@@ -17,7 +17,6 @@ import asyncio
 import concurrent.futures
 import dataclasses
 import importlib
-import json
 import math
 import multiprocessing
 import time
@@ -82,26 +81,18 @@ def offline_reference(engine, requests: list[tuple[list[int], int]]) -> dict:
     return summarize_offline(outputs, time.perf_counter() - start)
 
 
-def scrape_metrics(url: str) -> dict[str, float]:
-    """The server's /metrics as {name or name{labels}: value} (empty if it has none)."""
+ENGINE_METRICS = ("num_requests_running", "num_requests_waiting", "kv_cache_blocks_total", "kv_cache_blocks_free",
+                  "num_preemptions_total", "prefix_cache_queries_total", "prefix_cache_hits_total")
+
+
+def engine_metrics(url: str) -> dict:
+    """The engine's figures on the server's /metrics (``nanoserve_<name>``); None where it has none."""
     from prometheus_client.parser import text_string_to_metric_families
 
     response = httpx.get(f"{url}/metrics", timeout=30)
-    if response.status_code != 200:
-        return {}
-    values = {}
-    for family in text_string_to_metric_families(response.text):
-        for sample in family.samples:
-            labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
-            values[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
-    return values
-
-
-def engine_metrics(values: dict[str, float]) -> dict:
-    keys = ("nanoserve_num_requests_running", "nanoserve_num_requests_waiting", "nanoserve_kv_cache_blocks_total",
-            "nanoserve_kv_cache_blocks_free", "nanoserve_num_preemptions_total",
-            "nanoserve_prefix_cache_queries_total", "nanoserve_prefix_cache_hits_total")
-    return {key.removeprefix("nanoserve_"): values.get(key) for key in keys}
+    families = text_string_to_metric_families(response.text) if response.status_code == 200 else ()
+    values = {sample.name: sample.value for family in families for sample in family.samples if not sample.labels}
+    return {key: values.get(f"nanoserve_{key}") for key in ENGINE_METRICS}
 
 
 def settled_engine_metrics(url: str, timeout_s: float = 120.0) -> dict:
@@ -110,50 +101,37 @@ def settled_engine_metrics(url: str, timeout_s: float = 120.0) -> dict:
     scrape taken the moment the last client has its answer may still show the step before."""
     deadline = time.perf_counter() + timeout_s
     while True:
-        after = engine_metrics(scrape_metrics(url))
-        if after["num_requests_running"] is None:  # not a nanoserve server: nothing to wait for
-            return after
-        if (after["num_requests_running"] == after["num_requests_waiting"] == 0
-                and after["kv_cache_blocks_free"] == after["kv_cache_blocks_total"]) or time.perf_counter() > deadline:
+        after = engine_metrics(url)
+        idle = (after["num_requests_running"] == after["num_requests_waiting"] == 0
+                and after["kv_cache_blocks_free"] == after["kv_cache_blocks_total"])
+        if after["num_requests_running"] is None or idle or time.perf_counter() > deadline:  # None: not nanoserve
             return after
         time.sleep(0.1)
 
 
 def _load(url: str, model: str | None, requests: list, rate: float, **kwargs) -> tuple[list, float]:
-    """One load run (``load_client.run_load``), wherever it is called: a top-level function, so a worker
-    process can run it."""
+    """One load run (``load_client.run_load``): a top-level function, so that a worker process can run it."""
     from .load_client import run_load
 
     return asyncio.run(run_load(url, model, requests, rate, **kwargs))
 
 
-class LoadClients:
-    """Where the clients run: in a worker process of their own (``"process"``: spawned, not forked, since this
-    process holds CUDA and running threads) or in this one (``"thread"``)."""
-
-    def __init__(self, where: str) -> None:
-        spawn = multiprocessing.get_context("spawn")
-        self._pool = concurrent.futures.ProcessPoolExecutor(1, mp_context=spawn) if where == "process" else None
-
-    def run(self, *args, **kwargs) -> tuple[list, float]:
-        """``_load(url, model, requests, rate, **kwargs)``, where the clients run."""
-        return _load(*args, **kwargs) if self._pool is None else self._pool.submit(_load, *args, **kwargs).result()
-
-    def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown()
+def load_in(clients: concurrent.futures.Executor | None, *args, **kwargs) -> tuple[list, float]:
+    """``_load(*args, **kwargs)`` where the clients run: a worker process of their own (``--clients process``),
+    or, without one, this process beside the server."""
+    return _load(*args, **kwargs) if clients is None else clients.submit(_load, *args, **kwargs).result()
 
 
 def rate_runs(url: str, model: str | None, specs: list[RequestSpec], rates: list[float], seed: int,
-              progress: bool, clients: LoadClients | None = None) -> list:
+              progress: bool, clients: concurrent.futures.Executor | None = None) -> list:
     """One run per rate, run i sending prompt variant i + 1 (variant 0 is the offline reference's)."""
     from .load_client import summarize
 
     runs = []
     for i, rate in enumerate(rates):
         label = "burst" if math.isinf(rate) else f"{rate:g}/s"
-        results, wall = (clients or LoadClients("thread")).run(url, model, requests_of(specs, i + 1), rate,
-                                                               seed=seed + i, progress=progress, desc=f"rate {label}")
+        results, wall = load_in(clients, url, model, requests_of(specs, i + 1), rate, seed=seed + i, progress=progress,
+                                desc=f"rate {label}")
         summary = summarize(results, wall)
         runs.append({"rate": "inf" if math.isinf(rate) else rate, "summary": summary,
                      "server_after": settled_engine_metrics(url)})
@@ -181,13 +159,13 @@ def throughput_at_ttft_targets(runs: list[dict]) -> dict[str, dict | None]:
 
 
 def reliability_run(url: str, model: str | None, requests: list, disconnect_fraction: float, seed: int,
-                    progress: bool, clients: LoadClients | None = None, idle_timeout_s: float = 120.0) -> dict:
+                    progress: bool, clients: concurrent.futures.Executor | None = None,
+                    idle_timeout_s: float = 120.0) -> dict:
     """All requests at once, some clients hanging up; then: are the blocks back, does the server answer?"""
     from .load_client import stream_completion, summarize
 
-    results, wall = (clients or LoadClients("thread")).run(
-        url, model, requests, math.inf, seed=seed, disconnect_fraction=disconnect_fraction, progress=progress,
-        desc="reliability")
+    results, wall = load_in(clients, url, model, requests, math.inf, seed=seed, progress=progress,
+                            disconnect_fraction=disconnect_fraction, desc="reliability")
     summary = summarize(results, wall)
     start = time.perf_counter()
     after = settled_engine_metrics(url, idle_timeout_s)  # aborts reach the engine between steps
@@ -236,7 +214,9 @@ def run_target(args: argparse.Namespace, parser: argparse.ArgumentParser, milest
                           "thread": "this process, beside the server"}[args.clients],
               "offline_reference": None}
     server = engine = None
-    clients = LoadClients(args.clients)
+    # spawned, not forked: this process holds CUDA and running threads
+    clients = concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) \
+        if args.clients == "process" else None
     try:
         if milestone is not None:
             from milestones.common.serve_cli import build_engine, build_engine_client
@@ -267,8 +247,9 @@ def run_target(args: argparse.Namespace, parser: argparse.ArgumentParser, milest
             url, model = server.url, args.model
         else:
             result["env"] = environment(None)
-            url, model = args.url.rstrip("/"), args.served_model_name or _first_model(args.url)
-        asyncio.run(_warm_up(url, model))
+            url = args.url.rstrip("/")
+            model = args.served_model_name or httpx.get(f"{url}/v1/models", timeout=30).json()["data"][0]["id"]
+        _warm_up(url, model)
         if args.reliability:
             result["reliability"] = reliability_run(url, model, requests_of(specs, 0), args.disconnect_fraction,
                                                     args.load_seed, not args.no_progress, clients)
@@ -281,7 +262,8 @@ def run_target(args: argparse.Namespace, parser: argparse.ArgumentParser, milest
                                               / result["offline_reference"]["output_tokens_per_s"])
                 print(f"burst / offline output tok/s: {result['burst_vs_offline']:.2f}", flush=True)
     finally:
-        clients.close()
+        if clients is not None:
+            clients.shutdown()
         if server is not None:
             server.stop()
         del engine, server
@@ -289,17 +271,10 @@ def run_target(args: argparse.Namespace, parser: argparse.ArgumentParser, milest
     return result
 
 
-async def _warm_up(url: str, model: str | None) -> None:
-    from .load_client import run_load
-
-    results, _ = await run_load(url, model, WARMUP_REQUESTS, math.inf, progress=False)
-    failed = [r.error for r in results if not r.ok]
+def _warm_up(url: str, model: str | None) -> None:
+    failed = [r.error for r in _load(url, model, WARMUP_REQUESTS, math.inf, progress=False)[0] if not r.ok]
     if failed:
         raise RuntimeError(f"warm-up requests failed: {failed[0]}")
-
-
-def _first_model(url: str) -> str:
-    return httpx.get(f"{url.rstrip('/')}/v1/models", timeout=30).json()["data"][0]["id"]
 
 
 def save(result: dict, out_dir: Path) -> Path:

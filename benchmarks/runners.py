@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from milestones.m01_naive_loop.request import RequestOutput
+from milestones.m04_continuous_batching.kv_pool import KVPool
 
 from .workloads import Phase, RequestSpec, Workload, milestone_key
 
@@ -124,11 +125,8 @@ def model_config(model: str):
     return preset_config(model) if model in PRESETS else Qwen3Config.from_pretrained(resolve_checkpoint(model))
 
 
-def kv_bytes_per_token(config, dtype: torch.dtype) -> int:
-    """K and V of one token over all layers: 2 * layers * kv_heads * head_dim * element size (as m04's KVPool)."""
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    element = torch.empty((), dtype=dtype).element_size()
-    return 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim * element
+# K and V of one token over all layers: 2 * layers * kv_heads * head_dim * element size, as m04's pool counts it.
+kv_bytes_per_token = KVPool.bytes_per_token
 
 
 BLOCK_SLACK_TOKENS = 32  # per request in flight: rounding up to whole blocks (block sizes up to 32 tokens)
@@ -154,10 +152,14 @@ def cannot_run(name: str, workload: Workload, model: str) -> str | None:
     if name in runners:
         return runners[name].cannot_run(workload)
     engine_cls = importlib.import_module(resolve_milestone_module(name)).LLMEngine
-    if workload.needs_step_api and not all(callable(getattr(engine_cls, n, None)) for n in STEP_API):
+    if workload.needs_step_api and not has_step_api(engine_cls):
         return (f"{milestone_key(name)} has no step API ({', '.join(STEP_API)}), and workload {workload.name} "
                 f"needs one (its client {workload.client}s requests one by one)")
     return None
+
+
+def has_step_api(engine) -> bool:
+    return all(callable(getattr(engine, name, None)) for name in STEP_API)
 
 
 def holds_kv_pool(name: str) -> bool:
@@ -265,31 +267,25 @@ class MilestoneRunner(Runner):
         self.engine.generate([list(r.prompt_token_ids) for r in requests], self._params(requests), use_tqdm=False)
         sync(self.device)
 
-    @property
-    def has_step_api(self) -> bool:
-        return all(callable(getattr(self.engine, name, None)) for name in STEP_API)
-
     def run_phase(self, phase: Phase, use_tqdm: bool) -> PhaseResult:
         client = self.workload.client
         if client == "abort":
-            if not self.has_step_api:
+            if not has_step_api(self.engine):
                 raise WorkloadNotSupported(f"{self.name} has no step API; workload {self.workload.name} needs one")
             self.mode = "step API: the client aborts each request when it has its real length (stop_after)"
             return self._run_steps(phase, None, use_tqdm)
         every = self.workload.params.get("inject_every_decode_steps")
-        if client == "inject" and self.inject and self.has_step_api and any(r.group == "long_prompt"
-                                                                            for r in phase.requests):
+        longs = any(r.group == "long_prompt" for r in phase.requests)
+        if client == "inject" and self.inject and has_step_api(self.engine) and longs:
             self.mode = f"step API: long prompt k added after {every} * (k + 1) engine steps"
             return self._run_steps(phase, every, use_tqdm)
         self.mode = "generate: all requests submitted at once"
-        prompts = [list(r.prompt_token_ids) for r in phase.requests]
-        params = self._params(phase.requests)
         sync(self.device)
         start = time.perf_counter()
-        outputs = self.engine.generate(prompts, params, use_tqdm=use_tqdm)
+        outputs = self.engine.generate([list(r.prompt_token_ids) for r in phase.requests],
+                                       self._params(phase.requests), use_tqdm=use_tqdm)
         sync(self.device)
-        wall = time.perf_counter() - start
-        return PhaseResult(outputs, wall, self._stats())
+        return PhaseResult(outputs, time.perf_counter() - start, self.engine.stats.as_dict())
 
     def reset(self) -> bool:
         """vLLM's ``reset_prefix_cache()`` where the engine has it; without it, an engine whose prefix cache is
@@ -300,10 +296,6 @@ class MilestoneRunner(Runner):
             return True
         return not getattr(self.engine.config, "enable_prefix_caching", False)
 
-    def _stats(self) -> dict:
-        stats = self.engine.stats
-        return stats.as_dict() if hasattr(stats, "as_dict") else dataclasses.asdict(stats)
-
     @torch.inference_mode()
     def _run_steps(self, phase: Phase, inject_every: int | None, use_tqdm: bool) -> PhaseResult:
         """Drive the step API as a client would: long prompt ``k`` added after ``inject_every * (k + 1)`` steps (or
@@ -311,8 +303,7 @@ class MilestoneRunner(Runner):
         from tqdm.auto import tqdm
 
         engine = self.engine
-        # generate() resets the counters; the step API leaves that to us
-        engine.stats = engine.new_stats() if hasattr(engine, "new_stats") else type(engine.stats)()
+        engine.stats = engine.new_stats()  # generate() resets the counters; the step API leaves that to us
         specs = phase.requests
         later = [i for i, r in enumerate(specs) if inject_every and r.group == "long_prompt"]
         params = self._params(specs)
@@ -342,7 +333,7 @@ class MilestoneRunner(Runner):
                 steps += 1
         sync(self.device)
         wall = time.perf_counter() - start
-        return PhaseResult([latest[i] for i in range(len(specs))], wall, self._stats())
+        return PhaseResult([latest[i] for i in range(len(specs))], wall, engine.stats.as_dict())
 
     def close(self) -> None:
         close = getattr(self.engine, "close", None)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import time
 from pathlib import Path
 
@@ -92,11 +93,10 @@ def probe(milestone: str, start: int, num_steps: int, model: str, overrides: dic
     blocked_us = sum(e.cpu_time_total for e in events if e.name.startswith(BLOCKING_CALLS))
     profiled_wall_us = max(e.time_range.end for e in events) - min(e.time_range.start for e in events)
     bandwidth = copy_bandwidth(engine.device) if engine.device.type == "cuda" else float("nan")
-    n = 2 * num_steps
     step_ms = wall / num_steps * 1e3
     busy_ms = busy_us / num_steps / 1e3
-    kv_gb = sum(window["kv_bytes"]) / len(window["kv_bytes"]) / 1e9
-    running = sum(window["running"]) / n
+    kv_gb = statistics.fmean(window["kv_bytes"]) / 1e9  # both windows: the timed one and the profiled one
+    running = statistics.fmean(window["running"])
     host_ms = (profiled_wall_us - blocked_us) / num_steps / 1e3
     top = sorted(per_kernel.items(), key=lambda kv: -kv[1])[:12]
     result = {

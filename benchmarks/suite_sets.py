@@ -41,6 +41,10 @@ RATIO_METRICS: dict[str, tuple[str, ...]] = {
 DEFAULT_RATIO_METRICS = ("metrics.output_tokens_per_s",)
 
 
+def as_members(engines: tuple[str | Member, ...]) -> tuple[Member, ...]:
+    return tuple(e if isinstance(e, Member) else Member(e) for e in engines)
+
+
 @dataclass(frozen=True)
 class Compare:
     engines: tuple[str | Member, ...]  # the first is the reference of every ratio
@@ -53,20 +57,15 @@ class Compare:
 
     @property
     def members(self) -> tuple[Member, ...]:
-        return tuple(e if isinstance(e, Member) else Member(e) for e in self.engines)
-
-    def _per_engine(self, value: float | tuple[float, ...]) -> tuple[float, ...]:
-        return value if isinstance(value, tuple) else (value,) * len(self.engines)
-
-    def run_estimates(self) -> tuple[float, ...]:
-        return self._per_engine(self.run_s)
+        return as_members(self.engines)
 
     def est_s(self, members: tuple[Member, ...] | None = None) -> float:
         """Rough seconds for ``members`` (default: all), by their estimates."""
-        chosen = self.members if members is None else members
-        runs = dict(zip(self.members, self.run_estimates()))
-        builds = dict(zip(self.members, self._per_engine(self.build_s)))
-        return sum(builds[m] + self.repeats * runs[m] for m in chosen)
+        def per_engine(value: float | tuple[float, ...]) -> dict[Member, float]:
+            return dict(zip(self.members, value if isinstance(value, tuple) else (value,) * len(self.engines)))
+
+        runs, builds = per_engine(self.run_s), per_engine(self.build_s)
+        return sum(builds[m] + self.repeats * runs[m] for m in (self.members if members is None else members))
 
     def metrics(self) -> tuple[str, ...]:
         return self.ratio_metrics or RATIO_METRICS.get(self.workload, DEFAULT_RATIO_METRICS)
@@ -81,8 +80,7 @@ class Gate:
     workloads: tuple[str, ...]
 
     def gate_items(self) -> list[GateItem]:
-        members = [e if isinstance(e, Member) else Member(e) for e in self.engines]
-        return [GateItem(m.engine, w, m.overrides, m.tag) for m in members for w in self.workloads]
+        return [GateItem(m.engine, w, m.overrides, m.tag) for m in as_members(self.engines) for w in self.workloads]
 
 
 Entry = Run | Compare | Gate

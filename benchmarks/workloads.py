@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass, field, replace
+from functools import partial
 
 # Ids 0..151642 are Qwen's BPE tokens; 151643 and above are added/special tokens (see tokenizer.py).
 PROMPT_VOCAB = 151_643
@@ -139,61 +140,39 @@ def _tokens(rng: random.Random, n: int) -> tuple[int, ...]:
     return tuple(rng.randrange(PROMPT_VOCAB) for _ in range(n))
 
 
+# Each builder takes the seed first, so that ``_BUILDERS`` can hold it with every other argument bound.
 def _single(seed: int) -> Workload:
-    rng = _rng("single", seed)
     params = {"prompt_len": 512, "output_len": 128, "seed": seed}
-    request = RequestSpec(_tokens(rng, 512), 128)
+    request = RequestSpec(_tokens(_rng("single", seed), 512), 128)
     return Workload("single", "one request: 512-token prompt, 128 output tokens (latency of one stream)",
                     params, (Phase("single", (request,)),), max_num_seqs=None)
 
 
 SWEEP_PROMPT_LENS = (64, 128, 256, 512, 1024, 2048)
 SWEEP_OUTPUT_LEN = 32
-
-
-def _sweep(name: str, description: str, prompt_lens: tuple[int, ...], output_len: int, seed: int) -> Workload:
-    """One request per prompt length, each its own phase (its own ``generate`` call)."""
-    rng = _rng(name, seed)
-    params = {"prompt_lens": list(prompt_lens), "output_len": output_len, "seed": seed}
-    phases = tuple(
-        Phase(f"prompt_len={n}", (RequestSpec(_tokens(rng, n), output_len, group=f"prompt_len={n}"),))
-        for n in prompt_lens
-    )
-    return Workload(name, description, params, phases, max_num_seqs=None)
-
-
-def _single_sweep(seed: int) -> Workload:
-    return _sweep("single-sweep", "one request per prompt length (each its own generate call), "
-                  f"{SWEEP_OUTPUT_LEN} output tokens: per-token latency vs sequence length",
-                  SWEEP_PROMPT_LENS, SWEEP_OUTPUT_LEN, seed)
-
-
 LONG_SWEEP_PROMPT_LENS = (4096, 8192, 16384, 32768)
 LONG_SWEEP_OUTPUT_LEN = 16
 
 
-def _long_sweep(seed: int) -> Workload:
-    return _sweep("long-sweep", "single-sweep continued to long prompts (needs a model with >= 33k positions, "
-                  "e.g. qwen3-0.6b-random): where recomputation finally outweighs per-step overhead",
-                  LONG_SWEEP_PROMPT_LENS, LONG_SWEEP_OUTPUT_LEN, seed)
+def _sweep(seed: int, name: str, description: str, prompt_lens: tuple[int, ...], output_len: int) -> Workload:
+    """One request per prompt length, each its own phase (its own ``generate`` call)."""
+    rng = _rng(name, seed)
+    params = {"prompt_lens": list(prompt_lens), "output_len": output_len, "seed": seed}
+    phases = tuple(Phase(f"prompt_len={n}", (RequestSpec(_tokens(rng, n), output_len, group=f"prompt_len={n}"),))
+                   for n in prompt_lens)
+    return Workload(name, description, params, phases, max_num_seqs=None)
 
 
-def _uniform_batch(name: str, description: str, seed: int, num: int, prompt: tuple[int, int],
+def _uniform_batch(seed: int, name: str, description: str, num: int, prompt: tuple[int, int],
                    output: tuple[int, int]) -> Workload:
     rng = _rng(name, seed)
     requests = []
     for _ in range(num):
-        prompt_len = rng.randint(*prompt)
-        output_len = rng.randint(*output)
+        prompt_len, output_len = rng.randint(*prompt), rng.randint(*output)
         requests.append(RequestSpec(_tokens(rng, prompt_len), output_len))
     params = {"num_requests": num, "prompt_len_range": list(prompt), "output_len_range": list(output),
               "max_in_flight": MAX_IN_FLIGHT, "seed": seed}
     return Workload(name, description, params, (Phase(name, tuple(requests)),), max_num_seqs=MAX_IN_FLIGHT)
-
-
-def _offline(seed: int) -> Workload:
-    return _uniform_batch("offline", "128 requests, prompt 32..512, output 16..256 (uniform), at most 64 in flight",
-                          seed, 128, (32, 512), (16, 256))
 
 
 NANOVLLM = {"num_requests": 256, "prompt_len_range": [100, 1024], "token_id_range": [0, 10000],
@@ -203,10 +182,8 @@ NANOVLLM = {"num_requests": 256, "prompt_len_range": [100, 1024], "token_id_rang
 def _nanovllm(seed: int) -> Workload:
     """Exactly nano-vllm's ``bench.py``: ``random.seed(0)``, all 256 prompts first, then the output lengths."""
     rng = random.Random(seed)  # a private generator with the same sequence as random.seed(seed)
-    prompts = []
-    for _ in range(NANOVLLM["num_requests"]):
-        length = rng.randint(100, 1024)
-        prompts.append(tuple(rng.randint(0, 10000) for _ in range(length)))
+    prompts = [tuple(rng.randint(0, 10000) for _ in range(rng.randint(100, 1024)))
+               for _ in range(NANOVLLM["num_requests"])]
     requests = tuple(RequestSpec(prompt, rng.randint(100, 1024)) for prompt in prompts)
     params = {**NANOVLLM, "seed": seed, "sampling": "greedy (nano-vllm's bench.py samples at temperature 0.6)"}
     return Workload("nanovllm", "nano-vllm's bench.py exactly: random.seed(0), 256 requests, prompt 100..1024 ids "
@@ -253,14 +230,14 @@ def _memory_bound(seed: int) -> Workload:
         prompt_len = rng.randint(*c["prompt_len_range"])
         real = round(rng.lognormvariate(math.log(c["output_len_median"]), c["output_len_sigma"]))
         requests.append(RequestSpec(_tokens(rng, prompt_len), c["max_tokens"], stop_after=min(high, max(low, real))))
-    params = {**c, "seed": seed}
     return Workload("memory-bound", "96 requests, prompt 100..1024, max_tokens 1024 each but the client aborts "
                     "each at its real length (lognormal, median ~150, sigma 0.8, clipped to 8..512); K/V budget "
-                    "4 GiB; up to 256 in flight; needs a step API", params, (Phase("memory-bound", tuple(requests)),),
-                    max_num_seqs=c["max_in_flight"], client="abort", kv_budget_gib=c["kv_budget_gib"])
+                    "4 GiB; up to 256 in flight; needs a step API", {**c, "seed": seed},
+                    (Phase("memory-bound", tuple(requests)),), max_num_seqs=c["max_in_flight"], client="abort",
+                    kv_budget_gib=c["kv_budget_gib"])
 
 
-def _shared_prefix(name: str, seed: int, num: int, prefix_len: int, suffix_len: int, output_len: int) -> Workload:
+def _shared_prefix(seed: int, name: str, num: int, prefix_len: int, suffix_len: int, output_len: int) -> Workload:
     rng = _rng(name, seed)
     system = _tokens(rng, prefix_len)
     requests = tuple(RequestSpec(system + _tokens(rng, suffix_len), output_len) for _ in range(num))
@@ -269,15 +246,6 @@ def _shared_prefix(name: str, seed: int, num: int, prefix_len: int, suffix_len: 
     return Workload(name, f"{num} requests sharing one {prefix_len}-token system prompt, each with its own "
                     f"{suffix_len}-token suffix, {output_len} output tokens", params, (Phase(name, requests),),
                     max_num_seqs=MAX_IN_FLIGHT)
-
-
-def _prefix(seed: int) -> Workload:
-    return _shared_prefix("prefix", seed, num=32, prefix_len=1024, suffix_len=32, output_len=32)
-
-
-def _prefix_large(seed: int) -> Workload:
-    """Sized so that prefill is most of the work: what a prefix cache saves end to end."""
-    return _shared_prefix("prefix-large", seed, num=256, prefix_len=4096, suffix_len=64, output_len=16)
 
 
 CHUNKED = {"num_decoders": 16, "decoder_prompt_len": 128, "decoder_output_len": 128,
@@ -322,9 +290,27 @@ def _chunked_long(seed: int) -> Workload:
         {**c, "seed": seed, "long_prompt_lens": lengths}, rng, lengths)
 
 
-_BUILDERS = {"single": _single, "single-sweep": _single_sweep, "long-sweep": _long_sweep, "offline": _offline,
-             "nanovllm": _nanovllm, "skewed": _skewed, "memory-bound": _memory_bound, "prefix": _prefix,
-             "prefix-large": _prefix_large, "chunked": _chunked, "chunked-long": _chunked_long}
+_BUILDERS = {
+    "single": _single,
+    "single-sweep": partial(_sweep, name="single-sweep", prompt_lens=SWEEP_PROMPT_LENS, output_len=SWEEP_OUTPUT_LEN,
+                            description="one request per prompt length (each its own generate call), "
+                            f"{SWEEP_OUTPUT_LEN} output tokens: per-token latency vs sequence length"),
+    "long-sweep": partial(_sweep, name="long-sweep", prompt_lens=LONG_SWEEP_PROMPT_LENS,
+                          output_len=LONG_SWEEP_OUTPUT_LEN, description="single-sweep continued to long prompts "
+                          "(needs a model with >= 33k positions, e.g. qwen3-0.6b-random): where recomputation "
+                          "finally outweighs per-step overhead"),
+    "offline": partial(_uniform_batch, name="offline", num=128, prompt=(32, 512), output=(16, 256),
+                       description="128 requests, prompt 32..512, output 16..256 (uniform), at most 64 in flight"),
+    "nanovllm": _nanovllm,
+    "skewed": _skewed,
+    "memory-bound": _memory_bound,
+    "prefix": partial(_shared_prefix, name="prefix", num=32, prefix_len=1024, suffix_len=32, output_len=32),
+    # prefix-large is sized so that prefill is most of the work: what a prefix cache saves end to end
+    "prefix-large": partial(_shared_prefix, name="prefix-large", num=256, prefix_len=4096, suffix_len=64,
+                            output_len=16),
+    "chunked": _chunked,
+    "chunked-long": _chunked_long,
+}
 WORKLOADS: tuple[str, ...] = tuple(_BUILDERS)
 
 # Milestones that run requests one at a time are too slow for the big workloads: they run the first N
