@@ -258,6 +258,33 @@ def test_decode_kernel_reads_an_fp8_cache_with_its_scales(num_splits, dtype):
     assert (out.float() - reference.float()).abs().max() <= (2e-5 if dtype == torch.float32 else 3e-2)
 
 
+def test_an_fp8_cache_is_decoded_with_its_own_launch_table(monkeypatch):
+    """Half the bytes a key, the same work an iteration: an FP8 cache takes FP8_LAUNCH_TABLE (more keys an
+    iteration), a bf16 one LAUNCH_TABLE, whether the heuristic or the caller picks the split count."""
+    from milestones.m08_triton_kernel import paged_decode_kernel
+    from milestones.m08_triton_kernel.launch_config import FP8_LAUNCH_TABLE, LAUNCH_TABLE
+
+    assert FP8_LAUNCH_TABLE["direct"].tile_tokens > LAUNCH_TABLE["direct"].tile_tokens
+    tables_seen = []
+    real_choose = paged_decode_kernel.choose_launch
+    monkeypatch.setattr(paged_decode_kernel, "choose_launch",
+                        lambda *args: tables_seen.append(args[-1]) or real_choose(*args))
+    tiles = []
+    real_kernel = paged_decode_kernel._paged_decode_kernel
+    monkeypatch.setattr(paged_decode_kernel, "_paged_decode_kernel", type("Spy", (), {
+        "__getitem__": lambda self, grid: lambda *a, **k: tiles.append(k["TILE"]) or real_kernel[grid](*a, **k)})())
+    gen = torch.Generator().manual_seed(6)
+    q = torch.randn(2, 4, 16, generator=gen).to(DEVICE)
+    tables, lens = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32, device=DEVICE), torch.tensor([20, 9], device=DEVICE)
+    for cache, scales in ((torch.randn(4, 16, 2, 16, generator=gen).to(DEVICE), {}),
+                          (torch.randn(4, 16, 2, 16, generator=gen).to(FP8_DTYPE).to(DEVICE),
+                           dict(k_scale=torch.ones(1, device=DEVICE), v_scale=torch.ones(1, device=DEVICE)))):
+        paged_decode_attention(q, cache, cache, tables, lens, 0.25, **scales)
+        paged_decode_attention(q, cache, cache, tables, lens, 0.25, num_splits=1, **scales)
+    assert tables_seen == [LAUNCH_TABLE, FP8_LAUNCH_TABLE]
+    assert tiles == [LAUNCH_TABLE["direct"].tile_tokens] * 2 + [FP8_LAUNCH_TABLE["direct"].tile_tokens] * 2
+
+
 def test_fp8_kernels_refuse_a_cache_without_its_scales():
     cache = torch.zeros(2, 16, 2, 16, dtype=FP8_DTYPE, device=DEVICE)
     q = torch.zeros(1, 4, 16, device=DEVICE)
