@@ -75,7 +75,9 @@ MAGIC = tl.constexpr(1)
 SUBNORMAL = tl.constexpr(2)
 # SUBNORMAL's units: a nibble or byte u read as float bits is u * 2^-149; x is scaled up by 2^64 so that the
 # products (u * x * 2^-85) stay normal floats; the row's sum is scaled back by 2^85 at the end (powers of two:
-# exact). |x| < 2^64 is all it asks of the activations.
+# exact). |x| < 2^64 is all it asks of the activations; of the arithmetic, that subnormals are kept, not flushed
+# to zero: Triton's float32 default on NVIDIA GPUs (no .ftz), and numpy's in the interpreter. The tests on CUDA
+# compare against the float reference, so a flushing build would fail them.
 X_UP = tl.constexpr(18446744073709551616.0)  # 2^64
 NIBBLE_OFFSET = tl.constexpr(-2.0679515313825692e-25)  # -8 * 2^-85: a nibble's -8, in the products' units
 UNIT_DOWN = tl.constexpr(3.8685626227668134e25)  # 2^85
