@@ -4,7 +4,8 @@
 #   2. PROBE_MILESTONES: the steady-state step probe (wall time against GPU-busy time, K/V bytes, host time)
 #   3. WHOLE_MILESTONES x WHOLE_WORKLOADS: whole workloads step by step (graph, piecewise and eager steps timed)
 #   4. SERVE_MILESTONES with SERVE_ARGS: served under streaming load (benchmarks.online; default: the exact
-#      nanovllm as a burst beside the engine's offline generate); RELIABILITY_MILESTONES: the 512-stream run
+#      nanovllm as a burst beside the engine's offline generate), SERVE_ROUNDS times in turn (default once);
+#      RELIABILITY_MILESTONES: the 512-stream run
 # A variable set to "" skips its part. The server's wheels come from .whl/ (AGENTS.md, "A GPU call").
 #   OUT=/some/dir NANOSERVE_GIT_COMMIT=<sha> bash benchmarks/gpu_overlap.sh --set m10-m12-nanovllm --budget-s 240
 set -uo pipefail
@@ -26,9 +27,19 @@ status=0
 [ -n "$PROBE" ] && { "$PY" -m benchmarks.step_probe --milestone "$PROBE" --out-dir "$OUT/probe" 2>&1 | tee "$OUT/probe.log" || status=1; }
 [ -n "$WHOLE" ] && { "$PY" -m benchmarks.step_probe --milestone "$WHOLE" --whole "$WHOLE_WORKLOADS" --out-dir "$OUT/probe" \
     2>&1 | tee "$OUT/whole.log" || status=1; }
-# shellcheck disable=SC2086  # SERVE_ARGS is a list of flags
-[ -n "$SERVE" ] && { "$PY" -m benchmarks.online --milestone "$SERVE" $SERVE_ARGS --device cuda --no-progress \
-    --out-dir "$OUT/online" 2>&1 | tee "$OUT/online.log" || status=1; }
+# SERVE_ROUNDS=N (default 1) serves the milestones in turn N times (A, B, A, B, ...), each server started afresh, every
+# round's files under online/round-K/: a ratio between two servers is then the median of per-round ratios.
+ROUNDS="${SERVE_ROUNDS:-1}"
+if [ -n "$SERVE" ]; then
+    for round in $(seq 1 "$ROUNDS"); do
+        for milestone in ${SERVE//,/ }; do
+            dir="$OUT/online"; [ "$ROUNDS" -gt 1 ] && dir="$OUT/online/round-$round"
+            # shellcheck disable=SC2086  # SERVE_ARGS is a list of flags
+            "$PY" -m benchmarks.online --milestone "$milestone" $SERVE_ARGS --device cuda --no-progress \
+                --out-dir "$dir" 2>&1 | tee -a "$OUT/online.log" || status=1
+        done
+    done
+fi
 [ -n "$RELIABILITY" ] && { "$PY" -m benchmarks.online --milestone "$RELIABILITY" --reliability --num-requests 512 \
     --max-tokens 128 --max-num-seqs 256 --device cuda --no-progress --out-dir "$OUT/online" 2>&1 \
     | tee "$OUT/reliability.log" || status=1; }
