@@ -130,6 +130,8 @@ def test_launch_config_validation():
         QuantMatmulConfig("dot", block_m=8)
     with pytest.raises(ValueError, match="kernel must be"):
         QuantMatmulConfig("cutlass")
+    with pytest.raises(ValueError, match="unpack must be one of convert, magic, subnormal, got 'bogus'"):
+        QuantMatmulConfig(unpack="bogus")
 
 
 # --------------------------------------------------------------------------- the matmul kernels
