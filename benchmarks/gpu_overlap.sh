@@ -5,7 +5,8 @@
 #   3. WHOLE_MILESTONES x WHOLE_WORKLOADS: whole workloads step by step (graph, piecewise and eager steps timed)
 #   4. SERVE_MILESTONES with SERVE_ARGS: served under streaming load (benchmarks.online; default: the exact
 #      nanovllm as a burst beside the engine's offline generate), SERVE_ROUNDS times in turn (default once);
-#      RELIABILITY_MILESTONES: the 512-stream run
+#      RELIABILITY_MILESTONES: the 512-stream run; PROFILE_SERVE=1: each served run under py-spy (its wheel carried in
+#      .whl/), every process sampled, one raw flame file per run under profile/
 # A variable set to "" skips its part. The server's wheels come from .whl/ (AGENTS.md, "A GPU call").
 #   OUT=/some/dir NANOSERVE_GIT_COMMIT=<sha> bash benchmarks/gpu_overlap.sh --set m10-m12-nanovllm --budget-s 240
 set -uo pipefail
@@ -34,8 +35,11 @@ if [ -n "$SERVE" ]; then
     for round in $(seq 1 "$ROUNDS"); do
         for milestone in ${SERVE//,/ }; do
             dir="$OUT/online"; [ "$ROUNDS" -gt 1 ] && dir="$OUT/online/round-$round"
+            profiler=()
+            [ "${PROFILE_SERVE:-}" = 1 ] && mkdir -p "$OUT/profile" && profiler=(/tmp/nanoserve-site/bin/py-spy record
+                --nonblocking --subprocesses --threads --rate 200 --format raw -o "$OUT/profile/$milestone-round-$round.raw" --)
             # shellcheck disable=SC2086  # SERVE_ARGS is a list of flags
-            "$PY" -m benchmarks.online --milestone "$milestone" $SERVE_ARGS --device cuda --no-progress \
+            "${profiler[@]}" "$PY" -m benchmarks.online --milestone "$milestone" $SERVE_ARGS --device cuda --no-progress \
                 --out-dir "$dir" 2>&1 | tee -a "$OUT/online.log" || status=1
         done
     done
