@@ -24,7 +24,7 @@ from pathlib import Path
 
 import httpx
 
-from milestones.common.demo import HelpFormatter
+from milestones.common.demo import HelpFormatter, non_negative_int
 from milestones.common.latency import summarize as summarize_offline
 
 from .env import REPO_ROOT, environment, write_json
@@ -69,10 +69,11 @@ def requests_of(specs: list[RequestSpec], k: int) -> list[tuple[list[int], int]]
     return [(variant(s.prompt_token_ids, k), s.max_tokens) for s in specs]
 
 
-def offline_reference(engine, requests: list[tuple[list[int], int]]) -> dict:
+def offline_reference(engine, requests: list[tuple[list[int], int]], warmup: list[tuple[list[int], int]]) -> dict:
     """The same requests through the same engine's ``generate`` (all at once): the ceiling a server chases."""
     package = importlib.import_module(type(engine).__module__.rsplit(".", 1)[0])
-    engine.generate([WARMUP_REQUESTS[0][0]], package.SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)
+    engine.generate([list(p) for p, _ in warmup],
+                    [package.SamplingParams(max_tokens=n, ignore_eos=True) for _, n in warmup], use_tqdm=False)
     params = [package.SamplingParams(max_tokens=n, ignore_eos=True) for _, n in requests]
     sync(engine.device)
     start = time.perf_counter()
@@ -214,6 +215,10 @@ def run_target(args: argparse.Namespace, parser: argparse.ArgumentParser, milest
                           "thread": "this process, beside the server"}[args.clients],
               "offline_reference": None}
     server = engine = None
+    # Untimed, before the offline reference and the server's runs, so that neither side's figures hold what an
+    # engine does once (kernels compiled for shapes first met, memory first allocated): variant -1, sent by no run.
+    warmup = requests_of(specs[:args.warmup_requests], -1) or [(list(p), n) for p, n in WARMUP_REQUESTS]
+    result["warmup_requests"] = len(warmup)
     # spawned, not forked: this process holds CUDA and running threads
     clients = concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) \
         if args.clients == "process" else None
@@ -232,7 +237,7 @@ def run_target(args: argparse.Namespace, parser: argparse.ArgumentParser, milest
             print(f"{engine.milestone}: {args.model!r} on {engine.device} ({engine.dtype}), "
                   f"{len(specs)} requests from {args.workload!r}", flush=True)
             if args.offline_reference and not args.reliability:
-                result["offline_reference"] = offline_reference(engine, requests_of(specs, 0))
+                result["offline_reference"] = offline_reference(engine, requests_of(specs, 0), warmup)
                 print(f"offline generate: {_fmt(result['offline_reference']['output_tokens_per_s'])} output tok/s",
                       flush=True)
             if engine.serves_in_server_process:  # m09, m10: the server drives this engine from a thread
@@ -249,7 +254,7 @@ def run_target(args: argparse.Namespace, parser: argparse.ArgumentParser, milest
             result["env"] = environment(None)
             url = args.url.rstrip("/")
             model = args.served_model_name or httpx.get(f"{url}/v1/models", timeout=30).json()["data"][0]["id"]
-        _warm_up(url, model)
+        _warm_up(url, model, warmup)
         if args.reliability:
             result["reliability"] = reliability_run(url, model, requests_of(specs, 0), args.disconnect_fraction,
                                                     args.load_seed, not args.no_progress, clients)
@@ -271,10 +276,12 @@ def run_target(args: argparse.Namespace, parser: argparse.ArgumentParser, milest
     return result
 
 
-def _warm_up(url: str, model: str | None) -> None:
-    failed = [r.error for r in _load(url, model, WARMUP_REQUESTS, math.inf, progress=False)[0] if not r.ok]
+def _warm_up(url: str, model: str | None, requests: list) -> None:
+    """``requests`` as one burst, untimed; then the engine's /metrics settle (the runs' figures start idle)."""
+    failed = [r.error for r in _load(url, model, requests, math.inf, progress=False)[0] if not r.ok]
     if failed:
         raise RuntimeError(f"warm-up requests failed: {failed[0]}")
+    settled_engine_metrics(url)
 
 
 def save(result: dict, out_dir: Path) -> Path:
@@ -306,6 +313,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-tokens", type=int, help="cap every request's output length (default: no cap)")
     parser.add_argument("--rates", type=parse_rates, default=parse_rates("2,8,32,inf"),
                         help="requests/s, comma-separated; inf: all at once")
+    parser.add_argument("--warmup-requests", type=non_negative_int, default=32,
+                        help="the workload's first N requests (a prompt variant of their own), untimed, through the "
+                             "offline engine and through the server before anything is measured (0: two tiny ones)")
     parser.add_argument("--offline-reference", action="store_true",
                         help="first run the same requests offline through the same engine (in-process only)")
     parser.add_argument("--reliability", action="store_true", help="the disconnect run instead of the rates")

@@ -589,12 +589,14 @@ def test_online_benchmark_serves_a_milestone_and_writes_json(tmp_path, tokenizer
     for run in saved["runs"]:
         summary = run["summary"]
         assert summary["completed_full_length"] == 4 and summary["output_tokens"] == 12 and summary["errors"] == 0
+        assert summary["cached_tokens"] == 0  # the warm-up's prompts were a variant of their own
         assert 0 < summary["ttft_p50_s"] <= summary["ttft_p99_s"]
         # Gaps between chunks; a stream that lagged got its tokens in fewer chunks (maybe one: no gap at all).
         assert summary["itl_p50_s"] is None or summary["itl_p50_s"] > 0
         assert run["server_after"]["kv_cache_blocks_free"] == run["server_after"]["kv_cache_blocks_total"]
     assert saved["offline_reference"]["output_tokens"] == 12 and saved["burst_vs_offline"] > 0
     assert saved["clients"] == "a worker process of their own"
+    assert saved["warmup_requests"] == 4  # the workload's first 32, of which the slice holds 4
     best = saved["throughput_at_ttft_p99_target"]
     assert set(best) == {"0.25", "0.5", "1", "2"}
     for met in filter(None, best.values()):

@@ -145,3 +145,28 @@ def test_the_server_serves_m10_unchanged_with_enforce_eager(tied_checkpoint, tok
     token_ids = getattr(choice, "token_ids", None) or choice.model_extra.get("token_ids")
     assert token_ids == offline.token_ids
     assert reply.usage.completion_tokens == 5
+
+
+def test_eager_steps_launch_the_decode_kernel_with_the_graphs_signature(replaying_engine, monkeypatch):
+    """A compiled Triton kernel is specific to its pointers' dtypes: if an eager step (a prompt chunk beside
+    decodes) handed the decode kernel int64 lengths where the captured graphs hold int32, a server would compile
+    new kernels at its first such steps, in the middle of serving. Every launch, replayed or eager, is alike."""
+    from milestones.m08_triton_kernel import paged_decode_kernel
+
+    launched = []
+    original = paged_decode_kernel.paged_decode_attention
+
+    def recording(q, k_cache, v_cache, block_tables, context_lens, *args, **kwargs):
+        launched.append((block_tables.dtype, context_lens.dtype))
+        return original(q, k_cache, v_cache, block_tables, context_lens, *args, **kwargs)
+
+    monkeypatch.setattr(paged_decode_kernel, "paged_decode_attention", recording)
+    engine, runner = replaying_engine, replaying_engine.graph_runner
+    params = SamplingParams(max_tokens=3, ignore_eos=True)
+    for prompt in random_prompts(4, 3, 9, seed=8):  # each arrives while the ones before it decode
+        engine.add_request(prompt, params)
+        engine.step()
+    while engine.has_unfinished():
+        engine.step()
+    assert engine.stats.eager_steps > 1 and engine.stats.graph_steps > 0
+    assert set(launched) == {(runner.block_tables.dtype, runner.context_lens.dtype)}

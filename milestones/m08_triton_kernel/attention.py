@@ -23,11 +23,14 @@ class TritonDecodeGroup:
 
     def __init__(self, metadata: AttentionMetadata, sequences: list[int], rows: torch.Tensor | None) -> None:
         if len(sequences) == metadata.num_seqs:  # a decode-only step: the metadata is already this group's
-            self.block_tables, self.context_lens = metadata.block_tables, metadata.context_lens
+            self.block_tables, context_lens = metadata.block_tables, metadata.context_lens
         else:
             index = torch.tensor(sequences, dtype=torch.long).to(metadata.slot_mapping.device, non_blocking=True)
             self.block_tables = metadata.block_tables.index_select(0, index)
-            self.context_lens = metadata.context_lens.index_select(0, index)
+            context_lens = metadata.context_lens.index_select(0, index)
+        # int32, as in m10's captured graphs: a pointer's dtype is part of a compiled kernel's signature, so int64
+        # lengths here would compile kernels of their own at the first eager steps of each kind, while serving.
+        self.context_lens = context_lens.to(torch.int32)
         self.rows = rows  # packed rows of these sequences' queries (None: every row)
         self.max_context_len = max(metadata.context_lens_host[i] for i in sequences)
 
