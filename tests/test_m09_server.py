@@ -602,3 +602,11 @@ def test_online_benchmark_serves_a_milestone_and_writes_json(tmp_path, tokenizer
     for met in filter(None, best.values()):
         assert met["ttft_p99_s"] <= 2 and met["output_tokens_per_s"] > 0
     assert result["runs"][0]["summary"] == saved["runs"][0]["summary"]
+
+
+def test_online_benchmark_refuses_a_negative_warm_up_in_one_line(capsys):
+    from benchmarks.online import main as online
+
+    with pytest.raises(SystemExit) as exited:
+        online(["--milestone", "m09", "--model", "tiny", "--warmup-requests", "-1", "--no-save"])
+    assert exited.value.code == 2 and "--warmup-requests: expected an integer >= 0, got -1" in capsys.readouterr().err
