@@ -41,6 +41,9 @@ if [ -n "$SERVE" ]; then
             # shellcheck disable=SC2086  # SERVE_ARGS is a list of flags
             "${profiler[@]}" "$PY" -m benchmarks.online --milestone "$milestone" $SERVE_ARGS --device cuda --no-progress \
                 --out-dir "$dir" 2>&1 | tee -a "$OUT/online.log" || status=1
+            # what a round leaves behind: kernels compiled so far (Triton's disk cache), processes still alive
+            echo "after $milestone round $round: $(find "${TRITON_CACHE_DIR:-$HOME/.triton/cache}" -name '*.cubin' \
+                2>/dev/null | wc -l) cubins cached, $(pgrep -c -f 'python') python processes" | tee -a "$OUT/online.log"
         done
     done
 fi
