@@ -19,9 +19,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 
 def gpu_name(device: torch.device | str | None = None) -> str | None:
     device = torch.device(device) if device is not None else None
-    if device is not None and device.type != "cuda":
-        return None
-    if not torch.cuda.is_available():
+    if (device is not None and device.type != "cuda") or not torch.cuda.is_available():
         return None
     return torch.cuda.get_device_name(device)
 
@@ -62,13 +60,10 @@ def source_fingerprint() -> str:
     """SHA-256 over the ``.py`` / ``.sh`` files under ``milestones/`` and ``benchmarks/`` plus ``pyproject.toml``:
     which code ran, even where ``.git`` is missing or stale (``gpu_suite --unpack`` attaches the commit by it)."""
     digest = hashlib.sha256()
-    files = [REPO_ROOT / "pyproject.toml"]
-    for folder in SOURCE_PATHS[:2]:
-        files += [p for p in (REPO_ROOT / folder).rglob("*") if p.suffix in (".py", ".sh") and p.is_file()
-                  and "__pycache__" not in p.parts]
-    for path in sorted(set(files)):
-        if path.is_file():
-            digest.update(path.relative_to(REPO_ROOT).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    files = {REPO_ROOT / "pyproject.toml"} | {p for folder in SOURCE_PATHS[:2] for p in (REPO_ROOT / folder).rglob("*")
+                                               if p.suffix in (".py", ".sh") and "__pycache__" not in p.parts}
+    for path in sorted(p for p in files if p.is_file()):
+        digest.update(path.relative_to(REPO_ROOT).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()
 
 

@@ -118,8 +118,7 @@ def _load(url: str, model: str | None, requests: list, rate: float, **kwargs) ->
 
 
 def load_in(clients: concurrent.futures.Executor | None, *args, **kwargs) -> tuple[list, float]:
-    """``_load(*args, **kwargs)`` where the clients run: a worker process of their own (``--clients process``),
-    or, without one, this process beside the server."""
+    """``_load`` in the clients' worker process (``--clients process``), or without one beside the server."""
     return _load(*args, **kwargs) if clients is None else clients.submit(_load, *args, **kwargs).result()
 
 
@@ -178,16 +177,14 @@ def reliability_run(url: str, model: str | None, requests: list, disconnect_frac
 
     answers_after = asyncio.run(one_more())
     expected_full = summary["num_requests"] - summary["disconnected"]
-    blocks_back = after.get("kv_cache_blocks_free") is not None and \
-        after["kv_cache_blocks_free"] == after["kv_cache_blocks_total"]
+    free, total = after.get("kv_cache_blocks_free"), after.get("kv_cache_blocks_total")
     report = {"num_requests": summary["num_requests"], "disconnect_fraction": disconnect_fraction,
               "server_errors": summary["errors"], "completed_full_length": summary["completed_full_length"],
               "expected_full_length": expected_full, "disconnected": summary["disconnected"],
-              "kv_blocks_free_after": after.get("kv_cache_blocks_free"),
-              "kv_blocks_total": after.get("kv_cache_blocks_total"), "idle_after_s": time.perf_counter() - start,
-              "answers_after": answers_after,
-              "passed": summary["errors"] == 0 and summary["completed_full_length"] == expected_full and blocks_back
-              and answers_after, "summary": summary}
+              "kv_blocks_free_after": free, "kv_blocks_total": total, "idle_after_s": time.perf_counter() - start,
+              "answers_after": answers_after, "summary": summary,
+              "passed": summary["errors"] == 0 and summary["completed_full_length"] == expected_full
+              and free is not None and free == total and answers_after}
     print(f"reliability: {report['num_requests']} streams, {report['disconnected']} disconnected, "
           f"{report['server_errors']} server errors, {report['completed_full_length']}/{expected_full} full length, "
           f"K/V free {report['kv_blocks_free_after']}/{report['kv_blocks_total']}, answers after: {answers_after} "
@@ -219,9 +216,8 @@ def run_target(args: argparse.Namespace, parser: argparse.ArgumentParser, milest
     # engine does once (kernels compiled for shapes first met, memory first allocated): variant -1, sent by no run.
     warmup = requests_of(specs[:args.warmup_requests], -1) or [(list(p), n) for p, n in WARMUP_REQUESTS]
     result["warmup_requests"] = len(warmup)
-    # spawned, not forked: this process holds CUDA and running threads
-    clients = concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) \
-        if args.clients == "process" else None
+    clients = None if args.clients == "thread" else concurrent.futures.ProcessPoolExecutor(
+        1, mp_context=multiprocessing.get_context("spawn"))  # not forked: this process holds CUDA and threads
     try:
         if milestone is not None:
             from milestones.common.serve_cli import build_engine, build_engine_client

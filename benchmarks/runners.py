@@ -24,7 +24,7 @@ from milestones.m04_continuous_batching.kv_pool import KVPool
 
 from .workloads import Phase, RequestSpec, Workload, milestone_key
 
-RUNNER_PLUGINS = ("benchmarks.baselines", "benchmarks.hf_compiled")  # modules whose import registers runners
+RUNNER_PLUGINS = ("benchmarks.baselines",)  # modules whose import registers runners
 STEP_API = ("add_request", "step", "has_unfinished", "abort")
 WARMUP_PROMPT_LENS = (16, 32)  # two short requests ...
 WARMUP_OUTPUT_LEN = 8  # ... of a few decode steps each

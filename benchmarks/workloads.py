@@ -210,10 +210,9 @@ def _skewed(seed: int) -> Workload:
                     "at most 64 in flight", params, (Phase("skewed", tuple(requests)),), max_num_seqs=MAX_IN_FLIGHT)
 
 
-# 96 requests and a 4 GiB budget: m04 holds ~24 of them (prompt + 1,024 reserved each), enough that the
-# comparison's three rounds fit one GPU call; the budget still binds for both engines. Real lengths are clipped
-# at 512: on the H200, with a clip at 1,024, the last three requests (978-1,024 tokens) decoded nearly alone for
-# the second half of every run, a tail no memory scheme shortens, which hid the phase the workload is about.
+# 96 requests and a 4 GiB budget: m04 holds ~24 of them (prompt + 1,024 reserved each), so three rounds fit one GPU
+# call and the budget binds for both engines. Real lengths are clipped at 512: a few requests near 1,024 would
+# decode nearly alone for half of every run, a tail no memory scheme shortens, hiding the phase measured here.
 MEMORY_BOUND = {"num_requests": 96, "prompt_len_range": [100, 1024], "max_tokens": 1024,
                 "output_len_median": 150, "output_len_sigma": 0.8, "output_len_clip": [8, 512],
                 "max_in_flight": 256, "kv_budget_gib": 4.0}
@@ -316,23 +315,21 @@ WORKLOADS: tuple[str, ...] = tuple(_BUILDERS)
 # Milestones that run requests one at a time are too slow for the big workloads: they run the first N
 # requests. Keys are milestone short names ("m01") or baselines; absent means "the whole workload".
 # Rough H200 times for the full workloads are in the reasons.
+_M01, _M02 = "m01 recomputes the whole sequence every step and serves one request at a time", \
+    "m02 serves one request at a time"
 DEFAULT_SLICES: dict[str, dict[str, Slice]] = {
     "m01": {
-        "offline": Slice(8, "m01 recomputes the whole sequence every step and serves one request at a time; "
-                            "the full 128 requests (~17k output tokens) would take minutes"),
-        "nanovllm": Slice(2, "m01 recomputes the whole sequence every step and serves one request at a time; "
-                             "the full 256 requests (133,966 output tokens) would take hours"),
+        "offline": Slice(8, f"{_M01}; the full 128 requests (~17k output tokens) would take minutes"),
+        "nanovllm": Slice(2, f"{_M01}; the full 256 requests (133,966 output tokens) would take hours"),
         "prefix": Slice(4, "m01 serves one request at a time and recomputes the 1056-token sequence every step"),
         "prefix-large": Slice(8, "m01 serves one request at a time and recomputes the 4160-token sequence every "
                                  "step; the full 256 requests would take minutes"),
     },
     "m02": {
-        "offline": Slice(32, "m02 serves one request at a time; the full 128 requests (~17k output tokens) "
-                             "would take minutes"),
-        "nanovllm": Slice(8, "m02 serves one request at a time; the full 256 requests (133,966 output tokens) "
-                             "would take about half an hour"),
-        "prefix": Slice(8, "m02 serves one request at a time"),
-        "prefix-large": Slice(32, "m02 serves one request at a time; the full 256 requests would take minutes"),
+        "offline": Slice(32, f"{_M02}; the full 128 requests (~17k output tokens) would take minutes"),
+        "nanovllm": Slice(8, f"{_M02}; the full 256 requests (133,966 output tokens) would take about half an hour"),
+        "prefix": Slice(8, _M02),
+        "prefix-large": Slice(32, f"{_M02}; the full 256 requests would take minutes"),
     },
 }
 
