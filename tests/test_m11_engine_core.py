@@ -8,10 +8,12 @@ process brings: per-step messages, refusing bad requests before they cross, the 
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -318,3 +320,41 @@ def test_stopping_the_server_leaves_no_core_and_no_port(how, tokenizer_cache):
     wait_for(lambda: all(map(is_gone, children)), "every process the server started is gone", timeout_s=60)
     with socket.socket() as sock:  # the port is free again
         sock.bind(("127.0.0.1", port))
+
+
+def test_online_alternate_compares_each_burst_with_an_offline_run_just_before(tmp_path, tokenizer_cache):
+    from benchmarks.online import main as online
+
+    (result,) = online(["--milestone", "m11", "--model", "tiny", "--device", "cpu", "--workload", "offline",
+                        "--max-requests", "3", "--max-tokens", "3", "--rates", "inf", "--offline-reference",
+                        "--alternate", "2", "--kv-cache-memory-bytes", "8M", "--max-num-seqs", "4",
+                        "--out-dir", str(tmp_path), "--no-progress"])
+    saved = json.loads((tmp_path / "cpu" / "online_m11_offline.json").read_text())
+    assert len(saved["alternations"]) == 2
+    for alternation in saved["alternations"]:
+        assert alternation["offline_reference"]["output_tokens"] == 9
+        (burst,) = alternation["runs"]
+        assert burst["rate"] == "inf" and burst["summary"]["completed_full_length"] == 3
+        assert burst["summary"]["cached_tokens"] == 0  # every run, offline or served, sent prompts of its own
+        assert alternation["burst_vs_offline"] == pytest.approx(
+            burst["summary"]["output_tokens_per_s"] / alternation["offline_reference"]["output_tokens_per_s"])
+    assert saved["burst_vs_offline"] == pytest.approx(statistics.median(
+        a["burst_vs_offline"] for a in saved["alternations"]))
+    assert saved["runs"] == saved["alternations"][0]["runs"] and result["burst_vs_offline"] > 0
+
+
+BASE = ["--model", "tiny", "--offline-reference", "--alternate", "2", "--no-save"]
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--milestone", "m10", "--rates", "inf", "--kv-cache-memory-bytes", "8M"],
+     "needs an engine core in a process of its own"),
+    (["--milestone", "m11", "--rates", "inf"], "give both the same K/V cache with --kv-cache-memory-bytes"),
+    (["--milestone", "m11", "--rates", "inf,8", "--kv-cache-memory-bytes", "8M"], "and --rates inf"),
+])
+def test_online_alternate_is_refused_in_one_line_where_it_cannot_compare_alike(flags, message, capsys):
+    from benchmarks.online import main as online
+
+    with pytest.raises(SystemExit) as exited:
+        online([*flags, *BASE])
+    assert exited.value.code == 2 and message in capsys.readouterr().err
