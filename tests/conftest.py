@@ -41,6 +41,14 @@ NORM_WEIGHT_RANGE = (0.5, 1.5)  # every RMSNorm weight element is drawn uniforml
 MIN_LOGIT_GAP = 1e-4  # a reference's top-1 logit must beat the runner-up by this much at every greedy step
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist (``-n auto``: a worker per core), each worker's torch takes its share of the cores: with
+    every worker on every core, their threads only wait on each other (the tests' models are tiny)."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    if workers > 1:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
+
+
 def end_with_this_process() -> None:
     """``preexec_fn`` for a server a test starts: Linux sends it SIGTERM when the test process ends, however it
     ends (``PR_SET_PDEATHSIG``), so a suite stopped from outside (a CI timeout, a killed pytest) leaves no server
