@@ -43,7 +43,8 @@ if [ -n "$SERVE" ]; then
                 --out-dir "$dir" 2>&1 | tee -a "$OUT/online.log" || status=1
             # what a round leaves behind: kernels compiled so far (Triton's disk cache), processes still alive
             echo "after $milestone round $round: $(find "${TRITON_CACHE_DIR:-$HOME/.triton/cache}" -name '*.cubin' \
-                2>/dev/null | wc -l) cubins cached, $(pgrep -c -f 'python') python processes" | tee -a "$OUT/online.log"
+                2>/dev/null | wc -l) cubins cached, $(pgrep -c -f 'benchmarks\.online|multiprocessing') benchmark processes left" \
+                | tee -a "$OUT/online.log"
         done
     done
 fi

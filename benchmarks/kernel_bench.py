@@ -284,7 +284,8 @@ def sweep_shape(case: PagedCase, timing: Timing, copy_gbs: float) -> list[dict]:
     rows = []
     for name, config in SWEEP_CONFIGS.items():
         splits = choose_num_splits(batch, case.k_cache.shape[2], case.context, sm_count(case.q.device), config)
-        for regime, num_splits in (("direct", 1), ("split", splits))[:1 if splits == 1 else 2]:
+        regimes = [("direct", 1)] + ([("split", splits)] if splits > 1 else [])  # a split of one is direct
+        for regime, num_splits in regimes:
             path = triton_path(case, config, num_splits)
             ms = timing.gpu_ms(path)
             gbs = case.min_bytes / (ms * 1e-3) / 1e9
@@ -364,8 +365,8 @@ def print_cases(rows: list[dict]) -> None:
           "back | host")
     print(table(rows, {"batch": "batch:", "context": "context:", "regime": "regime:", "splits": "num_splits:",
                        "config": "config_name:", "triton ms": "triton_ms:.4f", "gather ms": "gather_ms:.4f",
-                       "speedup": "speedup:.2f", "eager triton": "triton_wall_ms:.4f",
-                       "eager gather": "gather_wall_ms:.4f", "speedup ": "speedup_wall:.2f",
+                       "speedup (graph)": "speedup:.2f", "eager triton": "triton_wall_ms:.4f",
+                       "eager gather": "gather_wall_ms:.4f", "speedup (eager)": "speedup_wall:.2f",
                        "triton us": "triton_host_ms*1e3:.1f", "gather us": "gather_host_ms*1e3:.1f",
                        "GB/s": "triton_gbs:.0f", "of copy": "copy_fraction:.1%", "max|diff|": "max_abs_diff:.2e"}))
 

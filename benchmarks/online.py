@@ -41,7 +41,8 @@ WARMUP_REQUESTS = [((1000, 2000, 3000, 4000, 5000, 6000, 7000, 8000), 4)] * 2
 # Run k sends variant k of the prompts (ids shifted by k * VARIANT_STRIDE): the same work, and no run served from
 # another's prefix cache (m06 on). Prefixes shared within a run (the ``prefix`` workload) stay shared.
 VARIANT_STRIDE = 7919
-VARIANTS_NOTE = ("run k (offline reference k=0, rates k=1.., reliability: k = how often the workload was cycled) "
+VARIANTS_NOTE = ("run k (offline reference k=0, rates k=1.., reliability: k = how often the workload was cycled; "
+                 "warm-up k=-1; --alternate: offline runs k=0,-2,-3,.. and bursts k=1,2,..) "
                  f"sends the workload's prompts with token ids shifted by k*{VARIANT_STRIDE} mod {PROMPT_VOCAB}: "
                  "the same shapes, and no prefix-cache hits across runs")
 
@@ -264,9 +265,9 @@ def run_target(args: argparse.Namespace, parser: argparse.ArgumentParser, milest
             first = result["alternations"][0]
             result["offline_reference"], result["runs"] = first["offline_reference"], first["runs"]
             result["throughput_at_ttft_p99_target"] = throughput_at_ttft_targets(result["runs"])
-            result["burst_vs_offline"] = statistics.median(a["burst_vs_offline"] for a in result["alternations"])
-            ratios = ", ".join(f"{a['burst_vs_offline']:.2f}" for a in result["alternations"])
-            print(f"burst / offline output tok/s: median {result['burst_vs_offline']:.2f} ({ratios})", flush=True)
+            result.update(summarize_alternations(result["alternations"]))
+            print(f"burst / offline output tok/s: median of the pairs {result['burst_vs_offline']:.2f}, of the "
+                  f"medians {result['burst_vs_offline_of_medians']:.2f}", flush=True)
         else:
             result["runs"] = rate_runs(url, model, specs, args.rates, args.load_seed, not args.no_progress, clients)
             result["throughput_at_ttft_p99_target"] = throughput_at_ttft_targets(result["runs"])
@@ -280,6 +281,8 @@ def run_target(args: argparse.Namespace, parser: argparse.ArgumentParser, milest
             clients.shutdown()
         if server is not None:
             server.stop()
+        if callable(getattr(engine, "close", None)):
+            engine.close()  # m14's workers, kept for --alternate
         del engine, server
         free_memory()
     return result
@@ -289,18 +292,37 @@ def alternate_runs(engine, url: str, model: str | None, specs: list[RequestSpec]
                    clients: concurrent.futures.Executor | None, warmup: list) -> list[dict]:
     """``--alternate N``: offline ``generate``, the burst, offline, the burst, ... N times, the offline engine
     kept beside the server's (m11 on), so each burst is compared with an offline run seconds before it rather
-    than one before the server started: a host whose speed drifts moves both sides of a ratio alike. Each
-    offline run sends a prompt variant of its own (-2, -3, ...: no prefix-cache hits across runs)."""
+    than one before the server started (if the host's pace drifts, a pair's two runs share it; whether they do
+    is in ``offline_burst_correlation``). Each offline run sends a prompt variant of its own (-2, -3, ...: no
+    prefix-cache hits across runs). A burst with a failed or short request gives no ratio (None)."""
     alternations = []
     for j in range(args.alternate):
         offline = offline_reference(engine, requests_of(specs, 0 if j == 0 else -(j + 1)), warmup if j == 0 else [])
         runs = rate_runs(url, model, specs, [math.inf], args.load_seed + j, not args.no_progress, clients,
                          first_variant=1 + j)
-        ratio = runs[0]["summary"]["output_tokens_per_s"] / offline["output_tokens_per_s"]
+        burst = runs[0]["summary"]
+        whole = burst["completed_full_length"] == burst["num_requests"] and burst["output_tokens_per_s"]
+        ratio = burst["output_tokens_per_s"] / offline["output_tokens_per_s"] if whole else None
         print(f"alternation {j + 1}: offline generate {_fmt(offline['output_tokens_per_s'])} output tok/s, "
-              f"burst / offline {ratio:.2f}", flush=True)
+              f"burst / offline {'-' if ratio is None else f'{ratio:.2f}'}", flush=True)
         alternations.append({"offline_reference": offline, "runs": runs, "burst_vs_offline": ratio})
     return alternations
+
+
+def summarize_alternations(alternations: list[dict]) -> dict:
+    """The figures of ``--alternate``: the median of the per-pair ratios, the ratio of the two sides' medians,
+    and how far a pair's offline and burst throughputs move together (Pearson's r; None under 3 pairs)."""
+    pairs = [(a["offline_reference"]["output_tokens_per_s"], a["runs"][0]["summary"]["output_tokens_per_s"])
+             for a in alternations if a["burst_vs_offline"] is not None]
+    if not pairs:
+        raise RuntimeError("--alternate: no burst completed every request, so there is no ratio to report")
+    offline, burst = zip(*pairs)
+    correlated = len(pairs) >= 3 and len(set(offline)) > 1 and len(set(burst)) > 1
+    return {"burst_vs_offline": statistics.median(b / o for o, b in pairs),
+            "burst_vs_offline_of_medians": statistics.median(burst) / statistics.median(offline),
+            "offline_burst_correlation": statistics.correlation(offline, burst) if correlated else None,
+            "alternation_note": "offline_reference and runs are pair 1's; burst_vs_offline is the median of the "
+                                "per-pair ratios (pairs whose burst completed every request)"}
 
 
 def check_alternate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
@@ -316,8 +338,8 @@ def check_alternate(args: argparse.Namespace, parser: argparse.ArgumentParser) -
     for milestone in args.milestone.split(","):
         try:
             engine_class = importlib.import_module(resolve_milestone_module(milestone)).LLMEngine
-        except ValueError as error:
-            parser.error(str(error))
+        except (ValueError, AttributeError):
+            parser.error(f"--alternate serves milestones (m11 on); {milestone!r} is not one")
         if getattr(engine_class, "serves_in_server_process", True):
             parser.error(f"--alternate needs an engine core in a process of its own (m11 on); {milestone} serves "
                          "its engine from a thread of the server's process")
@@ -366,7 +388,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--offline-reference", action="store_true",
                         help="first run the same requests offline through the same engine (in-process only)")
     parser.add_argument("--alternate", type=positive_int, default=1, metavar="N",
-                        help="m11 on, with --offline-reference and --rates inf: offline, burst, ... N times")
+                        help="m11 on, with --offline-reference, --rates inf and a K/V size: offline, burst, ... N times")
     parser.add_argument("--reliability", action="store_true", help="the disconnect run instead of the rates")
     parser.add_argument("--num-requests", type=int, default=512, help="reliability: concurrent streams")
     parser.add_argument("--disconnect-fraction", type=float, default=0.1, help="reliability: share that hangs up")

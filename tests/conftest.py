@@ -46,7 +46,8 @@ def pytest_configure(config: pytest.Config) -> None:
     every worker on every core, their threads only wait on each other (the tests' models are tiny)."""
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
     if workers > 1:
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        torch.set_num_threads(max(1, cores // workers))
 
 
 def end_with_this_process() -> None:

@@ -340,10 +340,29 @@ def test_online_alternate_compares_each_burst_with_an_offline_run_just_before(tm
             burst["summary"]["output_tokens_per_s"] / alternation["offline_reference"]["output_tokens_per_s"])
     assert saved["burst_vs_offline"] == pytest.approx(statistics.median(
         a["burst_vs_offline"] for a in saved["alternations"]))
-    assert saved["runs"] == saved["alternations"][0]["runs"] and result["burst_vs_offline"] > 0
+    assert saved["runs"] == saved["alternations"][0]["runs"] and result["burst_vs_offline_of_medians"] > 0
+    assert saved["offline_burst_correlation"] is None  # two pairs say nothing about it
 
 
-BASE = ["--model", "tiny", "--offline-reference", "--alternate", "2", "--no-save"]
+def pair(offline_tps: float, burst_tps: float | None, completed: int = 4) -> dict:
+    summary = {"num_requests": 4, "completed_full_length": completed, "output_tokens_per_s": burst_tps}
+    ratio = burst_tps / offline_tps if completed == 4 and burst_tps else None
+    return {"offline_reference": {"output_tokens_per_s": offline_tps}, "runs": [{"summary": summary}],
+            "burst_vs_offline": ratio}
+
+
+def test_alternations_report_pairs_whose_burst_completed_and_refuse_when_none_did():
+    from benchmarks.online import summarize_alternations
+
+    figures = summarize_alternations([pair(100, 90), pair(200, 200), pair(100, 95), pair(100, 10, completed=3)])
+    assert figures["burst_vs_offline"] == pytest.approx(0.95)  # the short burst's pair is left out
+    assert figures["burst_vs_offline_of_medians"] == pytest.approx(95 / 100)
+    assert figures["offline_burst_correlation"] == pytest.approx(statistics.correlation([100, 200, 100], [90, 200, 95]))
+    with pytest.raises(RuntimeError, match="no burst completed every request"):
+        summarize_alternations([pair(100, 10, completed=3), pair(100, None)])
+
+
+ALTERNATE_FLAGS = ["--model", "tiny", "--offline-reference", "--alternate", "2", "--no-save"]
 
 
 @pytest.mark.parametrize("flags, message", [
@@ -351,10 +370,11 @@ BASE = ["--model", "tiny", "--offline-reference", "--alternate", "2", "--no-save
      "needs an engine core in a process of its own"),
     (["--milestone", "m11", "--rates", "inf"], "give both the same K/V cache with --kv-cache-memory-bytes"),
     (["--milestone", "m11", "--rates", "inf,8", "--kv-cache-memory-bytes", "8M"], "and --rates inf"),
+    (["--milestone", "hf-static", "--rates", "inf", "--kv-cache-memory-bytes", "8M"], "'hf-static' is not one"),
 ])
 def test_online_alternate_is_refused_in_one_line_where_it_cannot_compare_alike(flags, message, capsys):
     from benchmarks.online import main as online
 
     with pytest.raises(SystemExit) as exited:
-        online([*flags, *BASE])
+        online([*flags, *ALTERNATE_FLAGS])
     assert exited.value.code == 2 and message in capsys.readouterr().err

@@ -66,9 +66,11 @@ LAUNCH_TABLE: dict[str, DecodeKernelConfig] = {
 # A float8 cache (m13) halves the bytes of a tile but not the work of one loop iteration (the block-table
 # addresses, the widening to fp16, the dots): with 64 keys an iteration its loop issued 5.9 instructions per
 # byte it read against 2.1 for bf16 (sm_90 assembly), and on the H200 the kernel read 1.7 TB/s where bf16's
-# read 3.9 (results/h200/step_probe_m13+fp8-kv.json). Twice the keys an iteration: 4.1 per byte.
+# read 3.9 (results/h200/step_probe_m13+fp8-kv.json). Twice the keys an iteration: 4.1 per byte. A third
+# stage keeps one more tile in flight: one layer at 176 x 1,024 and 64 x 2,048 keys read 2.35 and 2.62 TB/s
+# against 2.22 and 2.20 with two (results/h200/fp8_decode_sweep.json, fp8_dot_sweep.json: two calls agree).
 FP8_LAUNCH_TABLE: dict[str, DecodeKernelConfig] = {
-    "direct": DecodeKernelConfig(tile_tokens=128, num_warps=4, num_stages=2, programs_per_sm=3),
+    "direct": DecodeKernelConfig(tile_tokens=128, num_warps=4, num_stages=3, programs_per_sm=2),
     "split": DecodeKernelConfig(tile_tokens=128, num_warps=4, num_stages=2, programs_per_sm=3),
 }
 

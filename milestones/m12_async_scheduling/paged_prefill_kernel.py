@@ -42,7 +42,11 @@ TILE_KEYS = 64  # keys per loop step (four 16-token pages)
 
 
 @device_kernel
-@triton.jit(do_not_specialize=["max_blocks"])
+# Not specialised on what an eager step's values decide (a compiled kernel's signature is the same for every step,
+# eager or in a graph, as in m08's decode kernel): the block tables' width (a step's longest sequence; 1 or a
+# multiple of 16 would otherwise compile kernels of their own) and the tile list's second row (16-byte aligned
+# only when the number of tiles is a multiple of 4).
+@triton.jit(do_not_specialize=["max_blocks", "stride_table"], do_not_specialize_on_alignment=["tile_first_ptr"])
 def _paged_prefill_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, block_tables_ptr, context_lens_ptr, query_start_ptr,
     tile_seq_ptr, tile_first_ptr, scale_log2, max_blocks,
