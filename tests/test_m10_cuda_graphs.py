@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from conftest import GREEDY_MAX_TOKENS, mixed_length_prompts, random_prompts
+from kernel_signatures import TritonLaunches
 from milestones.m01_naive_loop import SamplingParams
 from milestones.m10_cuda_graphs import EngineConfig, LLMEngine
 from milestones.m10_cuda_graphs.graph_runner import batch_size_ladder, padded_batch_size
@@ -147,26 +148,38 @@ def test_the_server_serves_m10_unchanged_with_enforce_eager(tied_checkpoint, tok
     assert reply.usage.completion_tokens == 5
 
 
-def test_eager_steps_launch_the_decode_kernel_with_the_graphs_signature(replaying_engine, monkeypatch):
-    """A compiled Triton kernel is specific to its pointers' dtypes: if an eager step (a prompt chunk beside
-    decodes) handed the decode kernel int64 lengths where the captured graphs hold int32, a server would compile
-    new kernels at its first such steps, in the middle of serving. Every launch, replayed or eager, is alike."""
-    from milestones.m08_triton_kernel import paged_decode_kernel
+def test_eager_and_replayed_steps_launch_every_kernel_with_one_signature(tied_checkpoint, tokenizer_cache,
+                                                                         monkeypatch):
+    """A compiled Triton kernel is specific to its signature: its pointers' dtypes and 16-byte alignment, its
+    integers' being 1 or a multiple of 16. If an eager step (a prompt chunk beside decodes) handed the decode
+    kernel int64 lengths where the captured graphs hold int32, a server would compile new kernels at its first such
+    steps, in the middle of serving. So every kernel m10 launches (store K/V, decode, combine the splits) has one
+    signature per variant, replayed or eager. The variant (split or direct, how many splits) is chosen from a
+    context bound, by design: the graphs' is ``max_model_len``, an eager step's its longest sequence, so here both
+    regimes run both ways (a 5-row step pads to the graph of 8, which runs direct; a 200-token context splits)."""
+    from milestones.m10_cuda_graphs.graph_runner import CUDAGraphRunner
 
-    launched = []
-    original = paged_decode_kernel.paged_decode_attention
-
-    def recording(q, k_cache, v_cache, block_tables, context_lens, *args, **kwargs):
-        launched.append((block_tables.dtype, context_lens.dtype))
-        return original(q, k_cache, v_cache, block_tables, context_lens, *args, **kwargs)
-
-    monkeypatch.setattr(paged_decode_kernel, "paged_decode_attention", recording)
-    engine, runner = replaying_engine, replaying_engine.graph_runner
-    params = SamplingParams(max_tokens=3, ignore_eos=True)
-    for prompt in random_prompts(4, 3, 9, seed=8):  # each arrives while the ones before it decode
-        engine.add_request(prompt, params)
+    launches = TritonLaunches(monkeypatch)
+    launches.in_graphs(CUDAGraphRunner, "forward")  # what a decode graph records
+    engine = replaying(EngineConfig(model=str(tied_checkpoint[0]), device="cpu", max_num_seqs=5, block_size=4,
+                                    kv_cache_tokens=1024, max_model_len=256, attention_backend="triton"))
+    # Short sequences arriving while the ones before them decode: eager steps run direct, decode graphs split.
+    for prompt in random_prompts(4, 3, 9, seed=8):
+        engine.add_request(prompt, SamplingParams(max_tokens=3, ignore_eos=True))
         engine.step()
     while engine.has_unfinished():
         engine.step()
+    # A long sequence decoding while short ones arrive: eager steps split too; with 5 decodes the graph of 8, direct.
+    engine.add_request(random_prompts(1, 200, 200, seed=9)[0], SamplingParams(max_tokens=8, ignore_eos=True))
+    engine.step()
+    for prompt in random_prompts(4, 3, 9, seed=10):
+        engine.add_request(prompt, SamplingParams(max_tokens=6, ignore_eos=True))
+        engine.step()
+    while engine.has_unfinished():
+        engine.step()
+
     assert engine.stats.eager_steps > 1 and engine.stats.graph_steps > 0
-    assert set(launched) == {(runner.block_tables.dtype, runner.context_lens.dtype)}
+    assert not launches.differing()
+    assert launches.in_both() == {"_store_kv_kernel", "_paged_decode_kernel", "_combine_splits_kernel"}
+    split = {dict(variant)["SPLIT"]: wheres for variant, wheres in launches.wheres("_paged_decode_kernel").items()}
+    assert split == {False: {"captured", "eager"}, True: {"captured", "eager"}}

@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import random_prompts
+from kernel_signatures import TritonLaunches
 from milestones.m01_naive_loop import SamplingParams
 from paged_helpers import CHATS, StepRecorder, assert_blocks_all_free, drain, generate_exactly, greedy, make_engine
 
@@ -278,81 +279,33 @@ def test_mixed_steps_replayed_in_pieces_give_transformers_tokens(tied_checkpoint
 # --------------------------------------------------------------------------- one compiled kernel per kernel
 
 
-def triton_signature(kernel, args: tuple, kwargs: dict) -> tuple:
-    """What Triton's launcher keys a compiled kernel on, besides the constexprs: for each argument a tensor's dtype
-    and whether its address is a multiple of 16 bytes, an integer's being 1 or a multiple of 16 (unless the kernel
-    opts out: ``do_not_specialize``, ``do_not_specialize_on_alignment``), else the argument's type."""
-    bound = dict(zip((p.name for p in kernel.params), args)) | kwargs
-    signature = []
-    for param in kernel.params:
-        value = bound.get(param.name)
-        if param.is_constexpr:  # the wrapper's launch configuration (a tile size, split or not), not a type
-            continue
-        if isinstance(value, torch.Tensor):
-            aligned = None if param.do_not_specialize_on_alignment else value.data_ptr() % 16 == 0
-            signature.append((param.name, value.dtype, aligned))
-        elif isinstance(value, int) and not isinstance(value, bool) and not param.do_not_specialize:
-            signature.append((param.name, "int", value == 1, value % 16 == 0))
-        else:
-            signature.append((param.name, type(value).__name__))
-    return tuple(signature)
-
-
 def test_eager_and_replayed_steps_launch_every_kernel_with_one_signature(tied_checkpoint, tokenizer_cache,
                                                                          monkeypatch):
     """Triton compiles a kernel per signature (pointer dtypes and alignment, integers equal to 1 or divisible by
     16), and capturing compiles only those the graphs hold: an eager step that hands a kernel another one (int64
     lengths, a block-table width that is a multiple of 16, a tile list at an odd offset) compiles a new kernel in
-    the middle of serving. So each kernel has one signature, launched from a decode graph, a mixed step's whole
-    graph or pieces, or eagerly (decodes beyond the graphs' batch sizes; mixed steps with ``full_decode_only``)."""
-    import triton
-
-    from milestones.m08_triton_kernel.device_kernel import DeviceKernel
+    the middle of serving. So each kernel has one signature per variant (its constexprs: tests/kernel_signatures.py),
+    launched from a decode graph, a mixed step's whole graph or pieces, or eagerly (decodes beyond the graphs'
+    batch sizes; mixed steps with ``full_decode_only``)."""
     from milestones.m10_cuda_graphs.graph_runner import CUDAGraphRunner
     from milestones.m12_async_scheduling import EngineConfig, LLMEngine
     from milestones.m12_async_scheduling.full_graphs import FullGraphRunner
     from milestones.m12_async_scheduling.piecewise import PiecewiseGraphRunner
 
-    if triton.knobs.runtime.interpret:
-        pytest.skip("TRITON_INTERPRET=1: the kernels are interpreters, which Triton never specialises")
-    captured = [0]  # > 0 inside what a GPU records in a graph
-
-    def recorded_in_graphs(cls, name):
-        method = getattr(cls, name)
-
-        def recording(*args, **kwargs):
-            captured[0] += 1
-            try:
-                return method(*args, **kwargs)
-            finally:
-                captured[0] -= 1
-
-        monkeypatch.setattr(cls, name, recording)
-
-    recorded_in_graphs(CUDAGraphRunner, "forward")  # a decode graph
-    recorded_in_graphs(PiecewiseGraphRunner, "piece")  # a piece (attention between pieces is launched eagerly)
-    recorded_in_graphs(FullGraphRunner, "forward")  # a mixed step's whole graph
-    launched: dict[str, set] = {}
-    original = DeviceKernel.__getitem__
-
-    def launching(kernel, grid):
-        launch = original(kernel, grid)
-
-        def recording(*args, **kwargs):
-            where = "captured" if captured[0] else "eager"
-            launched.setdefault(kernel.__name__, set()).add((where, triton_signature(kernel.compiled, args, kwargs)))
-            return launch(*args, **kwargs)
-
-        return recording
-
-    monkeypatch.setattr(DeviceKernel, "__getitem__", launching)
+    launches = TritonLaunches(monkeypatch)
+    launches.in_graphs(CUDAGraphRunner, "forward")  # a decode graph
+    launches.in_graphs(PiecewiseGraphRunner, "piece")  # a piece (attention between pieces is launched eagerly)
+    launches.in_graphs(FullGraphRunner, "forward")  # a mixed step's whole graph
     params = greedy(3)
     # 3 sequences, graphs for 2: eager decode steps too. The whole graphs' tile list holds 16 / 32 + 3 = 4 tiles
     # (its second row 16-byte aligned), an eager step's 1 to 3 (not): an alignment the kernel must not key on.
+    # max_model_len 64: the decode graphs' context bound, short enough that they run direct, as eager steps do
+    # (with 512 they split, a variant of its own by design, and no decode signature would be compared).
     for mode in ("full", "full_decode_only"):
         engine = LLMEngine(EngineConfig(model=str(tied_checkpoint[0]), device="cpu", attention_backend="triton",
                                         max_num_seqs=3, max_cuda_graph_batch_size=2, block_size=4,
-                                        max_num_batched_tokens=16, kv_cache_tokens=256, cudagraph_mode=mode))
+                                        max_num_batched_tokens=16, kv_cache_tokens=256, max_model_len=64,
+                                        cudagraph_mode=mode))
         engine.graph_runner = engine.build_graph_runner(capture=False)
         if mode == "full":
             engine.piecewise = engine.build_piecewise_runner(capture=False)
@@ -363,13 +316,6 @@ def test_eager_and_replayed_steps_launch_every_kernel_with_one_signature(tied_ch
         assert engine.stats.graph_steps > 0 and (engine.stats.piecewise_steps if mode == "full"
                                                  else engine.stats.eager_steps) > 0
 
-    differing = {}  # kernel -> for each argument that differs: (where, its entry) of every launch
-    for name, launches in launched.items():
-        wheres, signatures = zip(*launches)
-        for entries in zip(*signatures):  # one argument at a time
-            if len(set(entries)) > 1:
-                differing.setdefault(name, []).append(sorted(set(zip(wheres, entries)), key=str))
-    assert not differing
-    both = {name for name, launches in launched.items() if {"captured", "eager"} <= {w for w, _ in launches}}
-    assert both >= {"_store_kv_kernel", "_paged_decode_kernel", "_paged_prefill_kernel"}
-    assert set(launched) >= {"_add_rms_norm_kernel", "_qk_norm_rope_kernel", "_silu_and_mul_kernel"}
+    assert not launches.differing()
+    assert launches.in_both() >= {"_store_kv_kernel", "_paged_decode_kernel", "_paged_prefill_kernel"}
+    assert set(launches.launched) >= {"_add_rms_norm_kernel", "_qk_norm_rope_kernel", "_silu_and_mul_kernel"}

@@ -27,7 +27,9 @@ import torch
 
 pytest.importorskip("triton")
 
-from conftest import INIT_STD, GREEDY_MAX_TOKENS, mixed_length_prompts, randomize_norm_weights  # noqa: E402
+from conftest import (INIT_STD, GREEDY_MAX_TOKENS, mixed_length_prompts, random_prompts,  # noqa: E402
+                      randomize_norm_weights)
+from kernel_signatures import TritonLaunches  # noqa: E402
 from milestones.m01_naive_loop import SamplingParams  # noqa: E402
 from milestones.m08_triton_kernel.paged_decode_kernel import (paged_decode_attention,  # noqa: E402
                                                               paged_decode_attention_reference)
@@ -393,6 +395,42 @@ def test_the_triton_kernels_and_graphs_give_the_torch_paths_logits(groupable_che
     # float32 sums in another order can move a K/V value across an FP8 rounding boundary (a 1/16 step) now and
     # then: measured 7e-7 to 2.5e-5, against 0.06 for FP8 itself and 0.46 for int4 (the errors this path adds to)
     assert error.rel_rms < 1e-3 and error.top1_agreement == 1.0, error
+
+
+def test_eager_and_replayed_fp8_steps_launch_every_kernel_with_one_signature(tied_checkpoint, tokenizer_cache,
+                                                                             monkeypatch):
+    """m12's check on an FP8 cache: the store, decode and prefill kernels now also take each layer's K and V
+    scales, one-element views into a ``[num_layers]`` tensor. A pointer's 16-byte alignment is part of a compiled
+    kernel's signature, so scales 4 bytes apart would compile every kernel twice (layer 0's scale aligned, layer
+    1's not): ``FP8PagedKVCache`` keeps them 16 bytes apart. Every kernel has one signature per variant, launched
+    from a decode graph, a mixed step's whole graph or pieces, or eagerly."""
+    from milestones.m10_cuda_graphs.graph_runner import CUDAGraphRunner
+    from milestones.m12_async_scheduling.full_graphs import FullGraphRunner
+    from milestones.m12_async_scheduling.piecewise import PiecewiseGraphRunner
+
+    launches = TritonLaunches(monkeypatch)
+    launches.in_graphs(CUDAGraphRunner, "forward")
+    launches.in_graphs(PiecewiseGraphRunner, "piece")
+    launches.in_graphs(FullGraphRunner, "forward")
+    for mode in ("full", "full_decode_only"):  # 3 sequences, graphs for 2 (as m12's test); direct decodes everywhere
+        engine = make_engine(tied_checkpoint[0], attention_backend="triton", kv_cache_dtype="fp8", max_num_seqs=3,
+                             max_cuda_graph_batch_size=2, block_size=4, max_num_batched_tokens=16,
+                             kv_cache_tokens=256, max_model_len=64, cudagraph_mode=mode)
+        engine.graph_runner = engine.build_graph_runner(capture=False)
+        if mode == "full":
+            engine.piecewise = engine.build_piecewise_runner(capture=False)
+        for prompt in random_prompts(4, 3, 13, seed=8):  # each arrives while the ones before it decode
+            engine.add_request(prompt, SamplingParams(max_tokens=3, ignore_eos=True))
+            engine.step()
+        while engine.has_unfinished():
+            engine.step()
+        assert engine.stats.graph_steps > 0 and (engine.stats.piecewise_steps if mode == "full"
+                                                 else engine.stats.eager_steps) > 0
+
+    assert not launches.differing()
+    assert launches.in_both() >= {"_store_kv_kernel", "_paged_decode_kernel", "_paged_prefill_kernel"}
+    assert all(dict(variant)["KV_FP8"] for name in ("_store_kv_kernel", "_paged_decode_kernel")
+               for variant in launches.wheres(name))
 
 
 def test_fp8_cache_holds_more_tokens_in_the_same_memory(groupable_checkpoint, tokenizer_cache):

@@ -66,8 +66,10 @@ class FP8PagedKVCache(PagedKVCache):
                  dtype: torch.dtype, device: torch.device) -> None:
         super().__init__(num_layers, num_blocks, block_size, num_kv_heads, head_dim, FP8_DTYPE, device)
         self.compute_dtype = dtype
-        self.k_scale = torch.ones(num_layers, dtype=torch.float32, device=device)
-        self.v_scale = torch.ones(num_layers, dtype=torch.float32, device=device)
+        # Each layer's scale 16 bytes from the next: a pointer's 16-byte alignment is part of a compiled kernel's
+        # signature, so scales 4 bytes apart would compile every kernel twice (aligned and unaligned layers).
+        self.k_scale = torch.ones(num_layers, 4, dtype=torch.float32, device=device)[:, 0]
+        self.v_scale = torch.ones(num_layers, 4, dtype=torch.float32, device=device)[:, 0]
         self.k_scales = [self.k_scale[i:i + 1] for i in range(num_layers)]
         self.v_scales = [self.v_scale[i:i + 1] for i in range(num_layers)]
         self.layers_without_scales: set[int] = set()
