@@ -322,9 +322,14 @@ def test_stopping_the_server_leaves_no_core_and_no_port(how, tokenizer_cache):
         sock.bind(("127.0.0.1", port))
 
 
-def test_online_alternate_compares_each_burst_with_an_offline_run_just_before(tmp_path, tokenizer_cache):
+def test_online_alternate_compares_each_burst_with_an_offline_run_just_before(tmp_path, tokenizer_cache,
+                                                                             monkeypatch):
+    from benchmarks import online as online_module
     from benchmarks.online import main as online
 
+    variants = []  # every prompt variant a run sent: warm-up, offline runs, bursts
+    requests_of = online_module.requests_of
+    monkeypatch.setattr(online_module, "requests_of", lambda specs, k: variants.append(k) or requests_of(specs, k))
     (result,) = online(["--milestone", "m11", "--model", "tiny", "--device", "cpu", "--workload", "offline",
                         "--max-requests", "3", "--max-tokens", "3", "--rates", "inf", "--offline-reference",
                         "--alternate", "2", "--kv-cache-memory-bytes", "8M", "--max-num-seqs", "4",
@@ -342,6 +347,7 @@ def test_online_alternate_compares_each_burst_with_an_offline_run_just_before(tm
         a["burst_vs_offline"] for a in saved["alternations"]))
     assert saved["runs"] == saved["alternations"][0]["runs"] and result["burst_vs_offline_of_medians"] > 0
     assert saved["offline_burst_correlation"] is None  # two pairs say nothing about it
+    assert sorted(variants) == [-2, -1, 0, 1, 2]  # warm-up -1, offline 0 and -2, bursts 1 and 2: none sent twice
 
 
 def pair(offline_tps: float, burst_tps: float | None, completed: int = 4) -> dict:
