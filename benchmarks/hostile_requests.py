@@ -18,6 +18,7 @@ import statistics
 import threading
 import time
 from pathlib import Path
+from queue import Empty
 
 import torch
 
@@ -56,9 +57,13 @@ def hostile_client(url: str, name: str, ready, go, out) -> None:
     """Build one hostile request, say ``ready``, send it on ``go``; put (sent, answered, status, message) in ``out``."""
     import httpx
 
+    from milestones.m11_engine_core.core import exit_with_parent
+    exit_with_parent()  # a benchmark killed outright leaves no client behind
+
     content = b'{"model": "tiny", "prompt": "' + b"a" * (30_000_000 - 40) + b'"}'
     if name == "chunked":
-        content = (content[start:start + (1 << 16)] for start in range(0, len(content), 1 << 16))
+        body = content  # the generator reads ``body``: ``content`` is the generator itself by then
+        content = (body[start:start + (1 << 16)] for start in range(0, len(body), 1 << 16))
     elif name == "longest prompt":
         words = "the quick brown fox jumps over a lazy dog "  # real words: ~1 token per 4-5 characters
         prompt = (words * (BODY_LIMIT // len(words)))[:BODY_LIMIT - 64]
@@ -78,6 +83,9 @@ def hostile_client(url: str, name: str, ready, go, out) -> None:
 def probes(url: str, max_tokens: int, ready, stop, out) -> None:
     """The stream and the health prober, until ``stop``; put (chunk times, [(sent, latency)]) in ``out``."""
     import httpx
+
+    from milestones.m11_engine_core.core import exit_with_parent
+    exit_with_parent()  # a benchmark killed outright leaves no prober behind
 
     chunk_times, health = [], []
 
@@ -107,6 +115,18 @@ def probes(url: str, max_tokens: int, ready, stop, out) -> None:
     out.put((chunk_times, health))
 
 
+def _result(queue, worker, timeout_s: float = 300.0):
+    """What ``worker`` put in ``queue``; an error at once if it ended without (its traceback is above)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            return queue.get(timeout=1)
+        except Empty:
+            if not worker.is_alive():
+                raise RuntimeError(f"{worker.name} ended without a result (exit code {worker.exitcode})") from None
+    raise TimeoutError(f"{worker.name} gave no result within {timeout_s:.0f} s")
+
+
 def client_round(url: str, name: str, quiet_s: float, max_tokens: int) -> dict:
     """One round: the probes for ``quiet_s`` (from the stream's first token), then the hostile request beside them."""
     context = multiprocessing.get_context("spawn")
@@ -121,10 +141,10 @@ def client_round(url: str, name: str, quiet_s: float, max_tokens: int) -> dict:
             raise TimeoutError("the client processes did not start within 300 s")
         time.sleep(0.5 + quiet_s)  # the processes' start-up settles first
         go.set()
-        sent, answered, status, message = hostile_out.get(timeout=300)
+        sent, answered, status, message = _result(hostile_out, workers[1])
         time.sleep(0.2)  # a last probe after the answer
         stop.set()
-        chunk_times, health = probes_out.get(timeout=300)
+        chunk_times, health = _result(probes_out, workers[0])
     finally:
         stop.set()
         go.set()

@@ -121,6 +121,15 @@ def _load(url: str, model: str | None, requests: list, rate: float, **kwargs) ->
     return asyncio.run(run_load(url, model, requests, rate, **kwargs))
 
 
+def client_pool() -> concurrent.futures.ProcessPoolExecutor:
+    """The clients' worker process: spawned, not forked (this process holds CUDA and threads), and gone when this
+    process is, however it ends (SIGKILL included: m11's ``exit_with_parent``, as the engine core does)."""
+    from milestones.m11_engine_core.core import exit_with_parent
+
+    return concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
+                                                  initializer=exit_with_parent)
+
+
 def load_in(clients: concurrent.futures.Executor | None, *args, **kwargs) -> tuple[list, float]:
     """``_load`` in the clients' worker process (``--clients process``), or without one beside the server."""
     return _load(*args, **kwargs) if clients is None else clients.submit(_load, *args, **kwargs).result()
@@ -220,8 +229,7 @@ def run_target(args: argparse.Namespace, parser: argparse.ArgumentParser, milest
     # engine does once (kernels compiled for shapes first met, memory first allocated): variant -1, sent by no run.
     warmup = requests_of(specs[:args.warmup_requests], -1) or [(list(p), n) for p, n in WARMUP_REQUESTS]
     result["warmup_requests"] = len(warmup)
-    clients = None if args.clients == "thread" else concurrent.futures.ProcessPoolExecutor(
-        1, mp_context=multiprocessing.get_context("spawn"))  # not forked: this process holds CUDA and threads
+    clients = None if args.clients == "thread" else client_pool()
     try:
         if milestone is not None:
             from milestones.common.serve_cli import build_engine, build_engine_client

@@ -10,7 +10,11 @@ import asyncio
 import dataclasses
 import json
 import math
+import os
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 
@@ -21,7 +25,7 @@ import torch
 from prometheus_client.parser import text_string_to_metric_families
 from transformers import Qwen3ForCausalLM
 
-from conftest import random_prompts, tiny_hf_config
+from conftest import end_with_this_process, env_with_checkout, random_prompts, tiny_hf_config
 from milestones.m09_server import EngineConfig, LLMEngine, SamplingParams
 from milestones.m09_server.app import build_app
 from milestones.common.server_thread import ServerThread
@@ -610,3 +614,36 @@ def test_online_benchmark_refuses_a_negative_warm_up_in_one_line(capsys):
     with pytest.raises(SystemExit) as exited:
         online(["--milestone", "m09", "--model", "tiny", "--warmup-requests", "-1", "--no-save"])
     assert exited.value.code == 2 and "--warmup-requests: expected an integer >= 0, got -1" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_the_online_benchmarks_client_process_ends_with_the_benchmark_however_it_ends(tmp_path):
+    """The clients run in a worker process of their own; a benchmark killed outright (SIGKILL: no ``finally``, no
+    atexit) must not leave it behind."""
+    script = tmp_path / "pool.py"
+    script.write_text("import os, time\nfrom benchmarks.online import client_pool\n"
+                      "if __name__ == '__main__':\n"  # a spawned worker imports this script again
+                      "    print(client_pool().submit(os.getpid).result(), flush=True)\n    time.sleep(600)\n")
+    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
+                              env=env_with_checkout(), preexec_fn=end_with_this_process)
+    worker = None
+    try:
+        worker = int(parent.stdout.readline())
+        os.kill(parent.pid, signal.SIGKILL)
+        parent.wait(timeout=30)
+        deadline = time.monotonic() + 60
+        while _alive(worker) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _alive(worker), "the clients' worker outlived the benchmark"
+    finally:
+        parent.kill()
+        if worker is not None and _alive(worker):
+            os.kill(worker, signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(")")[-1].split()[0] != "Z"  # a zombie has ended
+    except FileNotFoundError:
+        return False
