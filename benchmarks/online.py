@@ -19,6 +19,7 @@ import dataclasses
 import importlib
 import math
 import multiprocessing
+import os
 import statistics
 import time
 from pathlib import Path
@@ -175,7 +176,7 @@ def reliability_run(url: str, model: str | None, requests: list, disconnect_frac
                     progress: bool, clients: concurrent.futures.Executor | None = None,
                     idle_timeout_s: float = 120.0) -> dict:
     """All requests at once, some clients hanging up; then: are the blocks back, does the server answer?"""
-    from .load_client import stream_completion, summarize
+    from .load_client import client_session, stream_completion, summarize
 
     results, wall = load_in(clients, url, model, requests, math.inf, seed=seed, progress=progress,
                             disconnect_fraction=disconnect_fraction, desc="reliability")
@@ -184,8 +185,8 @@ def reliability_run(url: str, model: str | None, requests: list, disconnect_frac
     after = settled_engine_metrics(url, idle_timeout_s)  # aborts reach the engine between steps
 
     async def one_more() -> bool:
-        async with httpx.AsyncClient(timeout=60) as client:
-            result = await stream_completion(client, url, model, requests[0][0], 4)
+        async with client_session(timeout_s=60) as session:
+            result = await stream_completion(session, url, model, requests[0][0], 4)
         return result.ok and result.output_tokens == 4
 
     answers_after = asyncio.run(one_more())
@@ -232,26 +233,32 @@ def run_target(args: argparse.Namespace, parser: argparse.ArgumentParser, milest
     clients = None if args.clients == "thread" else client_pool()
     try:
         if milestone is not None:
-            from milestones.common.serve_cli import build_engine, build_engine_client
+            from milestones.common.serve_cli import build_engine, build_engine_client, engine_config
             from milestones.common.server_thread import ServerThread
             from milestones.m09_server.app import build_app
             from milestones.m09_server.async_engine import AsyncLLMEngine
 
             module = resolve_milestone_module(milestone)
             defaults = {"max_num_seqs": workload["max_num_seqs"] or 64}
-            engine = build_engine(module, args, parser, **defaults)  # this process: the offline reference
+            if args.alternate > 1:  # the offline reference's engine in a process of its own, like the server's
+                config = engine_config(importlib.import_module(module).EngineConfig, args, parser, **defaults)
+                engine = OfflineEngineProcess(importlib.import_module(module).LLMEngine, config, parser)
+            else:
+                engine = build_engine(module, args, parser, **defaults)  # this process: the offline reference
             result.update(milestone=engine.milestone, engine_config=dataclasses.asdict(engine.config),
-                          env=environment(engine.device), max_model_len=engine.max_model_len)
+                          env=environment(engine.device), max_model_len=engine.max_model_len,
+                          offline_engine=f"a process of its own (pid {engine.pid})" if args.alternate > 1 else
+                          "this process")
             print(f"{engine.milestone}: {args.model!r} on {engine.device} ({engine.dtype}), "
                   f"{len(specs)} requests from {args.workload!r}", flush=True)
             if args.offline_reference and not args.reliability and args.alternate == 1:
                 result["offline_reference"] = offline_reference(engine, requests_of(specs, 0), warmup)
                 print(f"offline generate: {_fmt(result['offline_reference']['output_tokens_per_s'])} output tok/s",
                       flush=True)
-            if engine.serves_in_server_process:  # m09, m10: the server drives this engine from a thread
-                client = AsyncLLMEngine(engine)
-            elif args.alternate > 1:  # kept beside the server's engine, for the offline runs in between
+            if args.alternate > 1:  # the offline engine stays, for the offline runs in between
                 client = build_engine_client(module, args, parser, **defaults)
+            elif engine.serves_in_server_process:  # m09, m10: the server drives this engine from a thread
+                client = AsyncLLMEngine(engine)
             else:  # m11 on: the server starts an engine of its own in a process of its own; free this one first
                 if callable(getattr(engine, "close", None)):
                     engine.close()  # m14: its worker processes hold GPUs too
@@ -290,22 +297,22 @@ def run_target(args: argparse.Namespace, parser: argparse.ArgumentParser, milest
         if server is not None:
             server.stop()
         if callable(getattr(engine, "close", None)):
-            engine.close()  # m14's workers, kept for --alternate
+            engine.close()  # m14's workers; --alternate's offline process
         del engine, server
         free_memory()
     return result
 
 
-def alternate_runs(engine, url: str, model: str | None, specs: list[RequestSpec], args: argparse.Namespace,
+def alternate_runs(engine: "OfflineEngineProcess", url: str, model: str | None, specs: list[RequestSpec], args: argparse.Namespace,
                    clients: concurrent.futures.Executor | None, warmup: list) -> list[dict]:
     """``--alternate N``: offline ``generate``, the burst, offline, the burst, ... N times, the offline engine
-    kept beside the server's (m11 on), so each burst is compared with an offline run seconds before it rather
+    kept beside the server's (m11 on; each in a process of its own), so each burst is compared with an offline run seconds before it rather
     than one before the server started (if the host's pace drifts, a pair's two runs share it; whether they do
     is in ``offline_burst_correlation``). Each offline run sends a prompt variant of its own (-2, -3, ...: no
     prefix-cache hits across runs). A burst with a failed or short request gives no ratio (None)."""
     alternations = []
     for j in range(args.alternate):
-        offline = offline_reference(engine, requests_of(specs, 0 if j == 0 else -(j + 1)), warmup if j == 0 else [])
+        offline = engine.reference(requests_of(specs, 0 if j == 0 else -(j + 1)), warmup if j == 0 else [])
         runs = rate_runs(url, model, specs, [math.inf], args.load_seed + j, not args.no_progress, clients,
                          first_variant=1 + j)
         burst = runs[0]["summary"]
@@ -315,6 +322,47 @@ def alternate_runs(engine, url: str, model: str | None, specs: list[RequestSpec]
               f"burst / offline {'-' if ratio is None else f'{ratio:.2f}'}", flush=True)
         alternations.append({"offline_reference": offline, "runs": runs, "burst_vs_offline": ratio})
     return alternations
+
+
+class OfflineEngineProcess:
+    """``--alternate``'s offline engine in a spawned process of its own, as the server's engine core is: neither
+    side of a ratio shares an interpreter (its lock, its garbage collector, its threads) with the server's front
+    end or the benchmark; a run there is the same ``offline_reference`` as in this process."""
+
+    def __init__(self, engine_class, config, parser: argparse.ArgumentParser) -> None:
+        from milestones.m11_engine_core.core import exit_with_parent
+
+        self.engine_class, self.config = engine_class, config
+        self.pool = concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
+                                                           initializer=exit_with_parent)
+        try:
+            self.milestone, self.device, self.dtype, self.max_model_len, self.pid = self._call()
+        except ValueError as error:
+            self.close()
+            parser.error(str(error))
+
+    def _call(self, *args):
+        return self.pool.submit(_in_offline_process, self.engine_class, self.config, *args).result()
+
+    def reference(self, requests: list, warmup: list) -> dict:
+        return self._call(requests, warmup)
+
+    def close(self) -> None:
+        self.pool.shutdown(cancel_futures=True)
+
+
+_offline_engine = None  # OfflineEngineProcess's engine, in its process
+
+
+def _in_offline_process(engine_class, config, requests: list | None = None, warmup: list = ()):
+    """In OfflineEngineProcess's worker: build the engine on the first call; no ``requests``: what it is."""
+    global _offline_engine
+    if _offline_engine is None:
+        _offline_engine = engine_class(config)
+    engine = _offline_engine
+    if requests is None:
+        return engine.milestone, engine.device, engine.dtype, engine.max_model_len, os.getpid()
+    return offline_reference(engine, requests, list(warmup))
 
 
 def summarize_alternations(alternations: list[dict]) -> dict:

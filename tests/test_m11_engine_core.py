@@ -348,6 +348,9 @@ def test_online_alternate_compares_each_burst_with_an_offline_run_just_before(tm
     assert saved["runs"] == saved["alternations"][0]["runs"] and result["burst_vs_offline_of_medians"] > 0
     assert saved["offline_burst_correlation"] is None  # two pairs say nothing about it
     assert sorted(variants) == [-2, -1, 0, 1, 2]  # warm-up -1, offline 0 and -2, bursts 1 and 2: none sent twice
+    # the offline engine ran in a process of its own, as the server's engine core does, not in the benchmark's
+    assert saved["offline_engine"].startswith("a process of its own (pid ")
+    assert f"(pid {os.getpid()})" not in saved["offline_engine"]
 
 
 def pair(offline_tps: float, burst_tps: float | None, completed: int = 4) -> dict:
