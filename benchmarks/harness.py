@@ -1,6 +1,5 @@
 """One run: build an engine (a milestone or a registered baseline), warm it up, time every phase of a workload
-(``measure``, which ``compare.py`` also calls once per repeat), and turn what happened into a result dict with
-the metrics, per-group and per-length figures and a hash of the output tokens (docs/benchmarks.md, "The JSON").
+(``measure``, which ``compare.py`` calls once per repeat) and make the result dict (docs/benchmarks.md, "The JSON").
 
     result = run_benchmark("m02", "single", model="qwen3-0.6b-random", device="cuda")
     save_result(result, "benchmarks/results")   # -> benchmarks/results/h200/m02_single.json
@@ -74,9 +73,7 @@ class _StubTokenizer:
         raise RuntimeError("the benchmark stub tokenizer cannot encode text; benchmarks pass token ids")
 
     __call__ = encode
-
-    def decode(self, ids, skip_special_tokens=True):
-        return ""
+    decode = staticmethod(lambda ids, skip_special_tokens=True: "")
 
 
 class BenchmarkTimeout(Exception):
@@ -201,14 +198,6 @@ def token_digest(token_lists: Sequence[Sequence[int]]) -> dict:
     return {"sha256": digest(lists), "per_request": [digest(t)[:12] for t in lists]}
 
 
-def _check_outputs(workload: Workload, outputs: list[RequestOutput]) -> None:
-    """Every request must have produced exactly the tokens it is credited with, or the numbers compare nothing."""
-    for spec, out in zip(workload.requests, outputs):
-        if len(out.token_ids) != spec.output_len:
-            raise RuntimeError(f"request {out.request_id}: {len(out.token_ids)} output tokens, "
-                               f"{spec.output_len} expected")
-
-
 def measure(runner: Runner, workload: Workload, use_tqdm: bool) -> dict:
     """One timed pass over every phase of ``workload``: metrics, per-group / per-length figures, token hashes."""
     on_cuda = runner.device.type == "cuda"
@@ -220,7 +209,10 @@ def measure(runner: Runner, workload: Workload, use_tqdm: bool) -> dict:
         modes.append(runner.mode)
     cuda_peak = torch.cuda.max_memory_allocated(runner.device) if on_cuda else None
     outputs = [o for r in phase_results for o in r.outputs]
-    _check_outputs(workload, outputs)
+    for spec, out in zip(workload.requests, outputs):  # credited tokens, or the numbers compare nothing
+        if len(out.token_ids) != spec.output_len:
+            raise RuntimeError(f"request {out.request_id}: {len(out.token_ids)} output tokens, "
+                               f"{spec.output_len} expected")
     wall = sum(r.wall_time_s for r in phase_results)
     stats, series = _merge_stats([r.stats for r in phase_results])
     return {

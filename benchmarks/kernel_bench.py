@@ -68,9 +68,8 @@ SWEEP_SHAPES = ((1, 512), (1, 2048), (1, 8192), (4, 2048), (16, 2048), (16, 8192
 
 
 def l2_bytes(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 0
-    return getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or DEFAULT_L2_BYTES
+    props = torch.cuda.get_device_properties(device) if device.type == "cuda" else None
+    return 0 if props is None else getattr(props, "L2_cache_size", 0) or DEFAULT_L2_BYTES
 
 
 def int_pairs(text: str) -> tuple[tuple[int, int], ...]:
@@ -91,46 +90,37 @@ def require_device(device: str) -> torch.device:
 
 
 @dataclass
-class EagerTimes:
-    wall_ms: float  # per call, issued back to back: max(GPU, CPU issuing)
-    host_ms: float  # per call, the CPU's time to issue it
-
-
-@dataclass
 class Timing:
     """A code path is a list of callables, one per copy of its inputs; calls cycle through the copies.
     ``gpu_ms``: GPU time per call from ``do_bench_cudagraph`` (``rep_ms`` of calls in one graph, median replay),
-    free of launch costs; ``eager_ms``: the calls issued back to back from Python (``wall``: GPU or CPU, whichever
-    was slower; ``host``: the CPU's time to issue one). Without CUDA every figure is wall time."""
+    free of launch costs; ``eager_ms``: (wall, host) ms per call issued back to back from Python (wall: GPU or
+    CPU, whichever was slower; host: the CPU's time to issue one). Without CUDA every figure is wall time."""
 
     device: torch.device
     rep_ms: int = 20
     loops: int = 3
 
-    @property
-    def cuda(self) -> bool:
-        return self.device.type == "cuda"
-
     def gpu_ms(self, path: list[Callable[[], object]]) -> float:
-        if not self.cuda:
+        if self.device.type != "cuda":
             path[0]()  # warm-up (first touch of fresh buffers)
-            return statistics.median(self.eager_ms([fn], loops=1).wall_ms for fn in path)
+            return statistics.median(self.eager_ms([fn], loops=1)[0] for fn in path)
         calls = itertools.cycle(path)
         return triton.testing.do_bench_cudagraph(lambda: next(calls)(), rep=self.rep_ms, return_mode="median")
 
-    def describe(self, l2_multiple: int, what: str) -> str:
+    def describe(self, what: str) -> str:
         """What ``gpu_ms`` measured, for a result's ``timing``."""
-        if not self.cuda:
+        if self.device.type != "cuda":
             return "CPU (Triton interpreter): median wall time per call"
         return (f"*_ms: GPU time per call, triton.testing.do_bench_cudagraph ({self.rep_ms} ms of calls in one CUDA "
-                f"graph, median replay); calls rotate over copies of {what} holding >= {l2_multiple}x the L2 cache "
+                f"graph, median replay); calls rotate over copies of {what} holding >= {L2_MULTIPLE}x the L2 cache "
                 f"({l2_bytes(self.device)} B), so each reads from DRAM")
 
-    def eager_ms(self, path: list[Callable[[], object]], loops: int | None = None) -> EagerTimes:
-        n = max(len(path), MIN_EAGER_CALLS) if self.cuda else len(path)
+    def eager_ms(self, path: list[Callable[[], object]], loops: int | None = None) -> tuple[float, float]:
+        cuda = self.device.type == "cuda"
+        n = max(len(path), MIN_EAGER_CALLS) if cuda else len(path)
         walls, hosts = [], []
         for _ in range(loops or self.loops):
-            if self.cuda:
+            if cuda:
                 torch.cuda.synchronize(self.device)
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 start.record()
@@ -138,22 +128,22 @@ class Timing:
             for i in range(n):
                 path[i % len(path)]()
             hosts.append((time.perf_counter() - begin) * 1e3 / n)
-            if self.cuda:
+            if cuda:
                 end.record()
                 end.synchronize()
-            walls.append(start.elapsed_time(end) / n if self.cuda else hosts[-1])
-        return EagerTimes(statistics.median(walls), statistics.median(hosts))
+            walls.append(start.elapsed_time(end) / n if cuda else hosts[-1])
+        return statistics.median(walls), statistics.median(hosts)
 
     def copy_bandwidth_gbs(self, mib: int | None = None) -> float:
-        """Device-to-device copy bandwidth (bytes read + written over GPU time), buffer far larger than L2
-        (default 1 GiB; 16 MiB on a CPU). An elementwise ``neg``, not ``copy_``: in a CUDA graph a
-        ``cudaMemcpyAsync`` may go to a copy engine (H200: ~2,700 GB/s against ~4,250 for the SMs), and a
-        kernel's GB/s must be read against what SMs reach."""
-        nbytes = (mib or (1024 if self.cuda else 16)) * 2**20
+        """Device-to-device bandwidth (bytes read + written over GPU time) of an elementwise ``neg`` on a buffer far
+        larger than L2 (default 1 GiB; 16 MiB on a CPU): in a CUDA graph a ``copy_`` may go to a copy engine
+        (H200: ~2,700 GB/s against ~4,250 for the SMs), and a kernel's GB/s is read against what SMs reach."""
+        cuda = self.device.type == "cuda"
+        nbytes = (mib or (1024 if cuda else 16)) * 2**20
         src = torch.empty(nbytes // 2, dtype=torch.float16, device=self.device).uniform_(-1, 1)
         dst = torch.empty_like(src)
         gbs = 2 * (nbytes // 2) * 2 / (self.gpu_ms([lambda: torch.neg(src, out=dst)]) * 1e-3) / 1e9
-        print(f"device-to-device copy: {gbs:,.0f} GB/s (read + write, {'GPU' if self.cuda else 'wall'} time)")
+        print(f"device-to-device copy: {gbs:,.0f} GB/s (read + write, {'GPU' if cuda else 'wall'} time)")
         return gbs
 
 
@@ -270,10 +260,9 @@ def measure_case(case: PagedCase, timing: Timing, copy_gbs: float) -> dict:
     row["speedup"] = row["gather_ms"] / row["triton_ms"]
     row["triton_gbs"] = case.min_bytes / (row["triton_ms"] * 1e-3) / 1e9
     row["copy_fraction"] = row["triton_gbs"] / copy_gbs
-    eager_triton, eager_gather = timing.eager_ms(triton), timing.eager_ms(gather)
-    row["triton_wall_ms"], row["gather_wall_ms"] = eager_triton.wall_ms, eager_gather.wall_ms
+    (row["triton_wall_ms"], row["triton_host_ms"]), (row["gather_wall_ms"], row["gather_host_ms"]) = (
+        timing.eager_ms(triton), timing.eager_ms(gather))
     row["speedup_wall"] = row["gather_wall_ms"] / row["triton_wall_ms"]
-    row["triton_host_ms"], row["gather_host_ms"] = eager_triton.host_ms, eager_gather.host_ms
     return row
 
 
@@ -440,7 +429,7 @@ def run(args: argparse.Namespace) -> dict:
             torch.cuda.empty_cache()
     timing_notes = {
         "judged_on": "triton_ms, gather_ms, speedup, triton_gbs, copy_fraction: GPU time per call",
-        "gpu": timing.describe(L2_MULTIPLE, "the case's K/V"),
+        "gpu": timing.describe("the case's K/V"),
         "wall": f"*_wall_ms: the same calls issued eagerly back to back, per call (GPU or CPU, whichever is slower), "
                 f"median of {timing.loops} loops",
         "host": "*_host_ms: the CPU's time to issue one eager call (checks, arguments, launches)",
