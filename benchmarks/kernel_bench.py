@@ -4,12 +4,19 @@
     python -m benchmarks.kernel_bench --quick            # batch {1,16,64} x context 2048
     python -m benchmarks.kernel_bench --autotune-sweep   # also every SWEEP_CONFIGS entry, and the LAUNCH_TABLE
                                                          # those measurements favour
+    python -m benchmarks.kernel_bench --launch-costs     # instead: one eager launch taken apart (launch_costs.json)
 
 Each case is one decode step of one layer (random bf16 K/V in a shuffled paged pool) through ``triton``
 (``paged_decode_attention``, its launch table's choice) and ``gather`` (m04's ``DecodeAttention``). The headline
 ``*_ms`` is GPU time from a CUDA graph (``Timing``), with calls rotating over copies of the K/V that hold 4x the
 L2 cache; ``*_wall_ms`` and ``*_host_ms`` are eager. Outputs must agree within a bf16 tolerance. What is timed
 and why: docs/m08-triton-kernel.md and benchmarks/KERNEL_NOTES.md. Without CUDA: a smoke test in the interpreter.
+
+``--launch-costs``: where the host time of one eager launch goes, each part alone (the median of ``--rounds`` rounds
+of ``--iterations`` back-to-back calls): an ``nn.Module`` returning its input (``python_call_us``),
+``torch.cuda._sleep(0)`` (``raw_launch_us``), ``torch.add`` on 16 elements (``torch_op_us``), a 16 x 16
+``nn.Linear`` (``module_op_us``), a one-program Triton kernel (``triton_launch_us``), and one ``torch.add``
+replayed in a CUDA graph (``graph_kernel_us``, GPU time). On a CPU: the Python and dispatcher parts only.
 """
 
 from __future__ import annotations
@@ -21,14 +28,17 @@ import math
 import statistics
 import sys
 import time
+import timeit
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+import triton
+import triton.language as tl
 import triton.testing
 from tabulate import tabulate
 
-from milestones.common.demo import positive_int_list
+from milestones.common.demo import positive_int, positive_int_list
 from milestones.m04_continuous_batching.kv_pool import DecodeAttention
 from milestones.m08_triton_kernel.launch_config import (LAUNCH_TABLE, DecodeKernelConfig, choose_launch,
                                                         choose_num_splits, sm_count)
@@ -376,6 +386,38 @@ def print_sweep(rows: list[dict], recommendation: dict) -> None:
     print("paste into milestones/m08_triton_kernel/launch_config.py:\n" + rec["paste"])
 
 
+@triton.jit
+def _add_one(x_ptr):
+    tl.store(x_ptr, tl.load(x_ptr) + 1.0)
+
+
+def launch_costs(device: torch.device, iterations: int, rounds: int) -> dict:
+    """``--launch-costs``: host microseconds per call of each part alone (``timeit``, the device synced before each
+    round, untimed), and the GPU microseconds of an add replayed from a CUDA graph of many."""
+    cuda = device.type == "cuda"
+    sync = (lambda: torch.cuda.synchronize(device)) if cuda else (lambda: None)
+    identity, linear = torch.nn.Identity(), torch.nn.Linear(16, 16, device=device).requires_grad_(False)
+    x, a, b, c = (torch.ones(16, device=device) for _ in range(4))
+    calls = {"python_call_us": lambda: identity(x), "torch_op_us": lambda: torch.add(a, b, out=c),
+             "module_op_us": lambda: linear(x), "raw_launch_us": (lambda: torch.cuda._sleep(0)) if cuda else None,
+             "triton_launch_us": (lambda: _add_one[(1,)](x)) if cuda else None}
+    parts = {}
+    with torch.inference_mode():
+        for name, call in calls.items():
+            if call is not None:
+                timeit.repeat(call, sync, number=max(1, iterations // 10), repeat=1)  # warm-up: compile, allocate
+            parts[name] = None if call is None else statistics.median(
+                timeit.repeat(call, sync, number=iterations, repeat=rounds)) / iterations * 1e6
+    parts["graph_kernel_us"] = None
+    if cuda:
+        with torch.cuda.device(device):
+            parts["graph_kernel_us"] = triton.testing.do_bench_cudagraph(lambda: torch.add(a, b, out=c),
+                                                                         return_mode="median") * 1e3
+    not_measured = {k: "needs a CUDA GPU (and Triton for triton_launch_us)" for k, v in parts.items() if v is None}
+    return {"name": "launch_costs", "env": environment(device), "iterations": iterations, "rounds": rounds,
+            "parts": parts, "not_measured": not_measured}
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.kernel_bench", description=__doc__.split("\n")[0])
     parser.add_argument("--batch", type=positive_int_list, default=None, help="batch sizes (default 1,16,64,256)")
@@ -394,7 +436,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--rep-ms", type=int, default=20, help="GPU work per CUDA graph, in ms (triton.testing's rep)")
     parser.add_argument("--copy-mib", type=int, default=None, help="copy-bandwidth buffer (default 1024; 16 on CPU)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default=None, help="JSON path (default benchmarks/results/<gpu>/kernel_bench.json)")
+    parser.add_argument("--launch-costs", action="store_true", help="instead: one eager launch taken apart")
+    parser.add_argument("--iterations", type=positive_int, default=2000, help="--launch-costs: calls per round")
+    parser.add_argument("--rounds", type=positive_int, default=7, help="--launch-costs: rounds (the median is kept)")
+    parser.add_argument("--out", default=None,
+                        help="JSON path (default benchmarks/results/<gpu>/kernel_bench.json or launch_costs.json)")
     return parser
 
 
@@ -447,6 +493,12 @@ def run(args: argparse.Namespace) -> dict:
 
 def main(argv: list[str] | None = None) -> dict:
     args = build_parser().parse_args(argv)
+    if args.launch_costs:
+        result = launch_costs(require_device(args.device), args.iterations, args.rounds)
+        for name, value in result["parts"].items():
+            print(f"{name:18s} {'not measured' if value is None else f'{value:8.2f} us'}")
+        print(f"-> {write_json(result, default_path(result, 'launch_costs.json', args.out))}")
+        return result
     result = run(args)
     print_cases(result["cases"])
     if result["sweep"]:
