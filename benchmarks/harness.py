@@ -256,8 +256,8 @@ def new_result(name: str, milestone: str, workload: Workload, model: str, device
 
 
 def build_runner(milestone: str, workload: Workload, result: dict, *, model: str, device: str, dtype: str,
-                 seed: int = 0, overrides: dict | None = None, kv_tokens: int | None = None, inject: bool = True,
-                 warmup: bool = True) -> Runner:
+                 seed: int = 0, overrides: dict | None = None, kv_tokens: int | None = None, inject: bool = True
+                 ) -> Runner:
     """Build and warm up the runner, recording engine, model, env, config and warm-up in ``result``."""
     is_milestone = milestone not in registered_runners()
     result["tokenizer"] = ensure_tokenizer() if is_milestone else None
@@ -269,11 +269,10 @@ def build_runner(milestone: str, workload: Workload, result: dict, *, model: str
         result["model"] = {"name": model, "dtype": str(runner.dtype).removeprefix("torch."),
                            "device": str(runner.device)}
         result["env"] = environment(runner.device)
-        if warmup:
-            began = time.perf_counter()
-            ran = runner.warmup() or {"num_requests": len(WARMUP_PROMPT_LENS), "prompt_lens": list(WARMUP_PROMPT_LENS),
-                                      "output_len": WARMUP_OUTPUT_LEN}
-            result["warmup"] = {**ran, "wall_time_s": time.perf_counter() - began}
+        began = time.perf_counter()
+        ran = runner.warmup() or {"num_requests": len(WARMUP_PROMPT_LENS), "prompt_lens": list(WARMUP_PROMPT_LENS),
+                                  "output_len": WARMUP_OUTPUT_LEN}
+        result["warmup"] = {**ran, "wall_time_s": time.perf_counter() - began}
         result["config"] = runner.knobs()
     except BaseException:
         runner.close()
@@ -292,7 +291,7 @@ def record_failure(result: dict, error: BaseException) -> None:
 
 def run_benchmark(milestone: str, workload: str | Workload, *, model: str = DEFAULT_MODEL, device: str = "auto",
                   dtype: str = "auto", seed: int = 0, workload_seed: int = 0, max_requests: int | None = None,
-                  full: bool = False, overrides: dict | None = None, warmup: bool = True, use_tqdm: bool = True,
+                  full: bool = False, overrides: dict | None = None, use_tqdm: bool = True,
                   time_limit_s: float | None = None, catch_errors: bool = False, inject: bool = True,
                   tag: str | None = None, log: Callable[[str], None] | None = print) -> dict:
     """Run ``milestone`` (``m01``..., or a registered runner such as ``hf-static``) on ``workload``; the flags of
@@ -319,7 +318,7 @@ def run_benchmark(milestone: str, workload: str | Workload, *, model: str = DEFA
                 + (f"; slice: first {wl.num_requests} of {wl.num_requests_total} requests" if wl.slice else ""))
             kv_tokens = None if milestone in registered_runners() else kv_tokens_needed(wl)
             runner = build_runner(milestone, wl, result, model=model, device=device, dtype=dtype, seed=seed,
-                                  overrides=overrides, kv_tokens=kv_tokens, inject=inject, warmup=warmup)
+                                  overrides=overrides, kv_tokens=kv_tokens, inject=inject)
             result.update(measure(runner, wl, use_tqdm))
             result["config"] = runner.knobs()  # again: some engines resolve knobs lazily (e.g. cache sizes)
         result["status"] = "ok"

@@ -1,7 +1,6 @@
 """Microbenchmark: m08's paged decode kernel against m04's gather + SDPA, for one attention layer of Qwen3-0.6B.
 
     python -m benchmarks.kernel_bench                    # H200: batch {1,16,64,256} x context {512,2048,8192}
-    python -m benchmarks.kernel_bench --quick            # batch {1,16,64} x context 2048
     python -m benchmarks.kernel_bench --autotune-sweep   # also every SWEEP_CONFIGS entry, and the LAUNCH_TABLE
                                                          # those measurements favour
     python -m benchmarks.kernel_bench --launch-costs     # instead: one eager launch taken apart (launch_costs.json)
@@ -48,7 +47,6 @@ from .env import default_path, environment, write_json
 
 BATCHES = (1, 16, 64, 256)
 CONTEXTS = (512, 2048, 8192)
-QUICK_BATCHES, QUICK_CONTEXTS = (1, 16, 64), (2048,)
 BF16_TOLERANCE = 2e-2  # max |triton - gather|: a few bf16 ulps at the outputs' magnitude (< 1)
 L2_MULTIPLE = 4  # the rotated copies of a case hold at least this many times the L2 cache...
 MAX_COPIES = 256  # ...up to this many (1 x 512 on an H200 needs about a hundred; only toy sizes reach the cap)
@@ -423,7 +421,6 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--batch", type=positive_int_list, default=None, help="batch sizes (default 1,16,64,256)")
     parser.add_argument("--context", type=positive_int_list, default=None,
                         help="keys per sequence (default 512,2048,8192)")
-    parser.add_argument("--quick", action="store_true", help="batch 1,16,64 at context 2048 only")
     parser.add_argument("--autotune-sweep", action="store_true", help="also time every SWEEP_CONFIGS entry")
     parser.add_argument("--sweep-shapes", type=int_pairs, default=SWEEP_SHAPES,
                         help="BxC,BxC,... for the sweep (default: SWEEP_SHAPES)")
@@ -460,8 +457,8 @@ def run(args: argparse.Namespace) -> dict:
         return make_case(batch, context, *layer, copies=copies, seed=args.seed)
 
     cases, sweep = [], []
-    for batch in args.batch or (QUICK_BATCHES if args.quick else BATCHES):
-        for context in args.context or (QUICK_CONTEXTS if args.quick else CONTEXTS):
+    for batch in args.batch or BATCHES:
+        for context in args.context or CONTEXTS:
             row = measure_case(case_for(batch, context), timing, copy_gbs)
             cases.append(row)
             print(f"batch {batch:4d} x context {context:5d}: triton {row['triton_ms']:.4f} ms ({row['regime']}, "
