@@ -73,7 +73,9 @@ class _StubTokenizer:
         raise RuntimeError("the benchmark stub tokenizer cannot encode text; benchmarks pass token ids")
 
     __call__ = encode
-    decode = staticmethod(lambda ids, skip_special_tokens=True: "")
+
+    def decode(self, ids, skip_special_tokens=True):
+        return ""
 
 
 class BenchmarkTimeout(Exception):

@@ -76,8 +76,9 @@ SWEEP_SHAPES = ((1, 512), (1, 2048), (1, 8192), (4, 2048), (16, 2048), (16, 8192
 
 
 def l2_bytes(device: torch.device) -> int:
-    props = torch.cuda.get_device_properties(device) if device.type == "cuda" else None
-    return 0 if props is None else getattr(props, "L2_cache_size", 0) or DEFAULT_L2_BYTES
+    if device.type != "cuda":
+        return 0
+    return getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or DEFAULT_L2_BYTES
 
 
 def int_pairs(text: str) -> tuple[tuple[int, int], ...]:
