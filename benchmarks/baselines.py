@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import logging
+import math
 import time
 
 import torch
@@ -49,10 +50,8 @@ def build_hf_model(model: str, device: torch.device, dtype: torch.dtype, seed: i
 
 def _output(request_id: str, spec: RequestSpec, tokens: list[int], arrival: float, times: list[float]) -> RequestOutput:
     times = times[: len(tokens)]
-    metrics = RequestMetrics(arrival_time=arrival, first_token_time=times[0] if times else None,
-                             token_times=list(times), finish_time=times[-1] if times else None)
-    return RequestOutput(request_id=request_id, prompt=None, prompt_token_ids=list(spec.prompt_token_ids),
-                         token_ids=list(tokens), text="", finish_reason="length", metrics=metrics)
+    metrics = RequestMetrics(arrival, times[0] if times else None, list(times), times[-1] if times else None)
+    return RequestOutput(request_id, None, list(spec.prompt_token_ids), list(tokens), "", "length", metrics)
 
 
 class _BaselineRunner(Runner):
@@ -93,19 +92,6 @@ class _BaselineRunner(Runner):
         del self.model
 
 
-class _StepTimer:
-    """A stopping criterion that never stops anything: it notes the time after every decoding step."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-        self.times: list[float] = []
-
-    def __call__(self, input_ids: torch.Tensor, scores, **kwargs) -> torch.Tensor:
-        sync(self.device)
-        self.times.append(time.perf_counter())
-        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
-
-
 @register_runner("hf-static")
 class HFStaticRunner(_BaselineRunner):
     """``model.generate`` over static batches of ``max_num_seqs`` requests, in request order."""
@@ -124,8 +110,7 @@ class HFStaticRunner(_BaselineRunner):
         return {**self._base_knobs(), "batching": "static, request order", "padding": "left, to the longest prompt",
                 "max_new_tokens": "longest output asked for in the batch", "eos": "ignored"}
 
-    def _generate_kwargs(self) -> dict:
-        """Extra arguments of every ``generate`` call (a subclass's cache and compilation settings)."""
+    def _generate_kwargs(self) -> dict:  # a subclass's cache and compilation settings
         return {}
 
     def _generate(self, batch: list[RequestSpec], max_new_tokens: int | None = None
@@ -140,24 +125,27 @@ class HFStaticRunner(_BaselineRunner):
         for row, r in enumerate(batch):
             ids[row, longest - r.prompt_len:] = torch.tensor(r.prompt_token_ids)
             mask[row, longest - r.prompt_len:] = 1
-        new_tokens = max(r.max_tokens for r in batch)
-        if max_new_tokens is not None:
-            new_tokens = min(new_tokens, max_new_tokens)
-        timer = _StepTimer(self.device)
+        new_tokens = min(max(r.max_tokens for r in batch), max_new_tokens or math.inf)
+        times: list[float] = []
+
+        def note_time(input_ids: torch.Tensor, scores, **kwargs) -> torch.Tensor:  # a criterion that never stops
+            sync(self.device)
+            times.append(time.perf_counter())
+            return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+
         with torch.inference_mode():
             out = self.model.generate(
                 input_ids=ids.to(self.device), attention_mask=mask.to(self.device), max_new_tokens=new_tokens,
                 do_sample=False, eos_token_id=None, pad_token_id=PAD_ID, use_cache=True,
-                stopping_criteria=StoppingCriteriaList([timer]), **self._generate_kwargs(),
+                stopping_criteria=StoppingCriteriaList([note_time]), **self._generate_kwargs(),
             )
         generated = out[:, longest:].cpu()
         if generated.shape[1] != new_tokens:
             raise RuntimeError(f"generate stopped after {generated.shape[1]} of {new_tokens} tokens")
-        return generated, timer.times, longest
+        return generated, times, longest
 
-    def warmup(self) -> dict | None:
+    def warmup(self) -> None:
         self._generate(warmup_requests())
-        return None
 
     def batches(self, phase: Phase) -> list[list[RequestSpec]]:
         """The static batches of a phase: ``max_num_seqs`` requests at a time, in request order."""
@@ -165,8 +153,7 @@ class HFStaticRunner(_BaselineRunner):
         return [requests[first:first + self.max_num_seqs] for first in range(0, len(requests), self.max_num_seqs)]
 
     def _kv_reserved_tokens(self, rows: int, longest: int, new_tokens: int) -> int:
-        """K/V positions the batch's cache holds at its peak: transformers' dynamic cache holds every row at the
-        padded length until the batch ends."""
+        """K/V positions at the batch's peak: a dynamic cache holds every row at the padded length to the end."""
         return rows * (longest + new_tokens - 1)
 
     def run_phase(self, phase: Phase, use_tqdm: bool) -> PhaseResult:
@@ -236,12 +223,9 @@ class HFCompiledRunner(HFStaticRunner):
             # testing purposes") lets a CPU run the same code path.
             self.compile_config._compile_all_devices = True
         self.phases = workload.phases
-        self.max_cache_len = max(self._cache_len(batch) for phase in self.phases for batch in self.batches(phase))
-
-    @staticmethod
-    def _cache_len(batch: list[RequestSpec]) -> int:
-        """Positions a batch fills: its padded prompt length plus its longest output."""
-        return max(r.prompt_len for r in batch) + max(r.max_tokens for r in batch)
+        # positions a batch fills: its padded prompt length plus its longest output
+        self.max_cache_len = max(max(r.prompt_len for r in batch) + max(r.max_tokens for r in batch)
+                                 for phase in self.phases for batch in self.batches(phase))
 
     def _generate_kwargs(self) -> dict:
         return {"cache_implementation": "static", "max_cache_len": self.max_cache_len,

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from milestones.m01_naive_loop.config import EngineConfig
+from milestones.m01_naive_loop.loader import parameter_count
 
 from .harness import (BenchmarkTimeout, build_runner, free_memory, jsonable, measure, new_result, record_failure,
                       result_name, time_limit)
@@ -52,15 +53,6 @@ def member_result_name(member: Member, workload: Workload) -> str:
     return name + (f"+{member.tag}" if member.tag else "")
 
 
-def parameter_bytes(config, dtype: torch.dtype) -> int:
-    """Roughly the weights of a Qwen3 dense model: embeddings (+ head if untied) and every layer's matrices."""
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    h, q, kv = config.hidden_size, config.num_attention_heads * head_dim, config.num_key_value_heads * head_dim
-    per_layer = h * (q + 2 * kv) + q * h + 3 * h * config.intermediate_size
-    embeddings = config.vocab_size * h * (1 if config.tie_word_embeddings else 2)
-    return (embeddings + config.num_hidden_layers * per_layer) * torch.empty((), dtype=dtype).element_size()
-
-
 def plan_residency(members: Sequence[Member], workload: Workload, model: str, device: str, dtype: str) -> dict:
     """Whether the members fit on the GPU together; the estimate behind the answer, for the JSON."""
     config = EngineConfig(model=model, device=device, dtype=dtype)
@@ -75,7 +67,8 @@ def plan_residency(members: Sequence[Member], workload: Workload, model: str, de
     with_pool = [m for m in members if holds_kv_pool(m.engine)]
     rows = min(workload.max_num_seqs or 1, workload.num_requests)
     per_batch = 0 if len(with_pool) == len(members) else rows * workload.max_seq_len * per_token
-    planned = len(members) * parameter_bytes(shape, torch_dtype) + len(with_pool) * pool + per_batch + ACTIVATION_MARGIN
+    weights = parameter_count(shape) * torch_dtype.itemsize
+    planned = len(members) * weights + len(with_pool) * pool + per_batch + ACTIVATION_MARGIN
     free = torch.cuda.mem_get_info(resolved)[0]
     together = planned <= MEMORY_FRACTION * free
     return {"residency": "together" if together else "one at a time", "planned_bytes": planned, "free_bytes": free,

@@ -15,25 +15,26 @@ from pathlib import Path
 import torch
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-
-
-def gpu_name(device: torch.device | str | None = None) -> str | None:
-    device = torch.device(device) if device is not None else None
-    if (device is not None and device.type != "cuda") or not torch.cuda.is_available():
-        return None
-    return torch.cuda.get_device_name(device)
+# What decides the numbers: the engine code, the benchmark code, the package metadata (not results or docs).
+SOURCE_PATHS = ("milestones", "benchmarks", "pyproject.toml")
 
 
 def gpu_slug(device: torch.device | str | None = None) -> str:
     """A folder name for the hardware, or ``cpu``: ``NVIDIA H200`` -> ``h200``; ``NVIDIA H100 80GB HBM3`` ->
     ``h100``; ``NVIDIA GeForce RTX 4090`` -> ``rtx-4090``."""
-    name = gpu_name(device)
+    name = _gpu_name(device)
     if name is None:
         return "cpu"
     words = re.sub(r"(?i)\b(nvidia|geforce|tesla|amd|radeon)\b", " ", name).lower().split()
-    words = [w for w in words if not re.fullmatch(r"\d+gb|hbm\d*e?|pcie|sxm\d*|nvl", w)]
-    slug = "-".join(words) or "gpu"
+    slug = "-".join(w for w in words if not re.fullmatch(r"\d+gb|hbm\d*e?|pcie|sxm\d*|nvl", w))
     return re.sub(r"[^a-z0-9.-]+", "-", slug).strip("-") or "gpu"
+
+
+def _gpu_name(device: torch.device | str | None) -> str | None:
+    device = torch.device(device) if device is not None else None
+    if (device is not None and device.type != "cuda") or not torch.cuda.is_available():
+        return None
+    return torch.cuda.get_device_name(device)
 
 
 def _version(module: str) -> str | None:
@@ -49,11 +50,6 @@ def _git(*args: str) -> str | None:
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip() if out.returncode == 0 else None
-
-
-# What decides the numbers: the engine code, the benchmark code, the package metadata (not results or docs).
-SOURCE_PATHS = ("milestones", "benchmarks", "pyproject.toml")
-_NOT_SOURCE = ":(exclude)benchmarks/results"
 
 
 def source_fingerprint() -> str:
@@ -76,29 +72,26 @@ def git_info() -> dict:
         return {"git_commit": commit, "git_dirty": None if dirty is None else dirty not in ("", "0", "false"),
                 "git_source": "env"}
     commit = _git("rev-parse", "HEAD")
-    if commit is not None:
-        status = _git("status", "--porcelain", "--", *SOURCE_PATHS, _NOT_SOURCE)
-        return {"git_commit": commit, "git_dirty": bool(status) if status is not None else None, "git_source": "git"}
-    return {"git_commit": None, "git_dirty": None, "git_source": None}
+    if commit is None:
+        return {"git_commit": None, "git_dirty": None, "git_source": None}
+    status = _git("status", "--porcelain", "--", *SOURCE_PATHS, ":(exclude)benchmarks/results")
+    return {"git_commit": commit, "git_dirty": bool(status) if status is not None else None, "git_source": "git"}
 
 
 def environment(device: torch.device | str | None = None) -> dict:
     """Where a result came from: GPU, library versions, host, time, git commit and source hash."""
     device = torch.device(device) if device is not None else None
-    info = {"gpu_name": gpu_name(device), "gpu_slug": gpu_slug(device),
+    info = {"gpu_name": _gpu_name(device), "gpu_slug": gpu_slug(device),
             "device": str(device) if device is not None else None, "torch": torch.__version__,
             "cuda": torch.version.cuda, "triton": _version("triton"), "transformers": _version("transformers"),
             "python": sys.version.split()[0], "platform": platform.platform(), "hostname": platform.node(),
             "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
     if device is not None and device.type == "cuda":
-        props = torch.cuda.get_device_properties(device)
-        info["gpu_memory_bytes"] = props.total_memory
+        info["gpu_memory_bytes"] = torch.cuda.get_device_properties(device).total_memory
         info["gpu_count"] = torch.cuda.device_count()  # visible to this process
         # set when several suite processes share one host, one GPU each (two-GPU calls)
         info["cuda_visible_devices"] = os.environ.get("CUDA_VISIBLE_DEVICES")
-    info.update(git_info())
-    info["source_sha256"] = source_fingerprint()
-    return info
+    return {**info, **git_info(), "source_sha256": source_fingerprint()}
 
 
 def write_json(data: dict, path: str | Path, indent: int = 2, **dumps) -> Path:

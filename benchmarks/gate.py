@@ -88,29 +88,28 @@ class CorrectnessGate:
         self._answers: dict[tuple[tuple[int, ...], int], tuple[list[int], torch.Tensor]] = {}
 
     @property
-    def has_reference(self) -> bool:
-        """Whether the transformers model is built already (the first check pays for it)."""
+    def has_reference(self) -> bool:  # the transformers model is built (the first check pays for it)
         return self._hf is not None
 
     def reference(self, prompt: tuple[int, ...], num_tokens: int) -> tuple[list[int], torch.Tensor]:
         """transformers' greedy tokens for one unpadded prompt, and its logits at every step (on the CPU)."""
         key = (prompt, num_tokens)
-        if key not in self._answers:
-            if self._hf is None:
-                from milestones.m01_naive_loop.config import EngineConfig
+        if key in self._answers:
+            return self._answers[key]
+        if self._hf is None:
+            from milestones.m01_naive_loop.config import EngineConfig
 
-                from .baselines import build_hf_model
+            from .baselines import build_hf_model
 
-                device = EngineConfig(device=self.device).resolve_device()
-                self._hf = build_hf_model(self.model, device, torch.float32, self.seed)
-            hf = self._hf
-            ids = torch.tensor([list(prompt)], device=hf.device)
-            with torch.inference_mode():
-                out = hf.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=num_tokens,
-                                  do_sample=False, eos_token_id=None, pad_token_id=0, output_logits=True,
-                                  return_dict_in_generate=True)  # no EOS: exactly num_tokens tokens
-            tokens = out.sequences[0, len(prompt):].tolist()
-            self._answers[key] = (tokens, torch.stack([step[0] for step in out.logits]).float().cpu())
+            self._hf = build_hf_model(self.model, EngineConfig(device=self.device).resolve_device(), torch.float32,
+                                      self.seed)
+        ids = torch.tensor([list(prompt)], device=self._hf.device)
+        with torch.inference_mode():
+            out = self._hf.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=num_tokens,
+                                    do_sample=False, eos_token_id=None, pad_token_id=0, output_logits=True,
+                                    return_dict_in_generate=True)  # no EOS: exactly num_tokens tokens
+        tokens = out.sequences[0, len(prompt):].tolist()
+        self._answers[key] = (tokens, torch.stack([step[0] for step in out.logits]).float().cpu())
         return self._answers[key]
 
     def check(self, item: GateItem, time_limit_s: float | None = None) -> dict:
@@ -122,11 +121,9 @@ class CorrectnessGate:
         try:
             with time_limit(time_limit_s):
                 workload = gate_workload(get_workload(item.workload), self.num_requests, self.output_cap)
-                runners = registered_runners()
-                if item.engine in runners:
-                    skip = getattr(runners[item.engine], "gate_skip_reason", "a registered runner: not gated")
-                else:
-                    skip = cannot_run(item.engine, workload, self.model)
+                runner_cls = registered_runners().get(item.engine)
+                skip = (getattr(runner_cls, "gate_skip_reason", "a registered runner: not gated") if runner_cls
+                        else cannot_run(item.engine, workload, self.model))
                 if skip is not None:
                     record.update(status="skipped", error=skip)
                 else:

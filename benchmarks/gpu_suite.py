@@ -110,8 +110,7 @@ class Suite:
     def left(self) -> float:
         return self.budget_s - (time.perf_counter() - self.began)
 
-    def limit(self) -> float:
-        """The time limit of the next gate check, run or comparison: what is left, less the time to write it."""
+    def limit(self) -> float:  # of the next gate check, run or comparison: what is left, less the time to write it
         return max(self.left() - SAFETY_S, 1)
 
     def write(self, text: str | None = None, pending: list[dict] | None = None) -> None:
@@ -250,11 +249,8 @@ def attach_git(result: dict, local: dict | None = None) -> str:
 
 
 def replaced_comparison(result: dict, out: Path) -> str | None:
-    """The other comparison of the same commit whose per-run file ``result`` is about to overwrite, if any.
-
-    A two-GPU call can measure one engine on one workload in two comparisons (m04 on nanovllm beside m03 on
-    one GPU and beside m05 on the other): both want the same file, and the second unpack would silently
-    replace the first."""
+    """The other comparison of the same commit whose per-run file ``result`` is about to overwrite, if any (a
+    two-GPU call can measure m04 on nanovllm beside m03 on one GPU and beside m05 on the other: one file)."""
     path = result_path(result, out)
     if not path.is_file() or not isinstance(result.get("comparison"), dict):
         return None

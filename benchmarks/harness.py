@@ -1,6 +1,5 @@
 """One run: build an engine (a milestone or a registered baseline), warm it up, time every phase of a workload
-(``measure``, which ``compare.py`` also calls once per repeat), and turn what happened into a result dict with
-the metrics, per-group and per-length figures and a hash of the output tokens (docs/benchmarks.md, "The JSON").
+(``measure``, which ``compare.py`` calls once per repeat) and make the result dict (docs/benchmarks.md, "The JSON").
 
     result = run_benchmark("m02", "single", model="qwen3-0.6b-random", device="cuda")
     save_result(result, "benchmarks/results")   # -> benchmarks/results/h200/m02_single.json
@@ -201,14 +200,6 @@ def token_digest(token_lists: Sequence[Sequence[int]]) -> dict:
     return {"sha256": digest(lists), "per_request": [digest(t)[:12] for t in lists]}
 
 
-def _check_outputs(workload: Workload, outputs: list[RequestOutput]) -> None:
-    """Every request must have produced exactly the tokens it is credited with, or the numbers compare nothing."""
-    for spec, out in zip(workload.requests, outputs):
-        if len(out.token_ids) != spec.output_len:
-            raise RuntimeError(f"request {out.request_id}: {len(out.token_ids)} output tokens, "
-                               f"{spec.output_len} expected")
-
-
 def measure(runner: Runner, workload: Workload, use_tqdm: bool) -> dict:
     """One timed pass over every phase of ``workload``: metrics, per-group / per-length figures, token hashes."""
     on_cuda = runner.device.type == "cuda"
@@ -220,7 +211,10 @@ def measure(runner: Runner, workload: Workload, use_tqdm: bool) -> dict:
         modes.append(runner.mode)
     cuda_peak = torch.cuda.max_memory_allocated(runner.device) if on_cuda else None
     outputs = [o for r in phase_results for o in r.outputs]
-    _check_outputs(workload, outputs)
+    for spec, out in zip(workload.requests, outputs):  # credited tokens, or the numbers compare nothing
+        if len(out.token_ids) != spec.output_len:
+            raise RuntimeError(f"request {out.request_id}: {len(out.token_ids)} output tokens, "
+                               f"{spec.output_len} expected")
     wall = sum(r.wall_time_s for r in phase_results)
     stats, series = _merge_stats([r.stats for r in phase_results])
     return {
@@ -264,8 +258,8 @@ def new_result(name: str, milestone: str, workload: Workload, model: str, device
 
 
 def build_runner(milestone: str, workload: Workload, result: dict, *, model: str, device: str, dtype: str,
-                 seed: int = 0, overrides: dict | None = None, kv_tokens: int | None = None, inject: bool = True,
-                 warmup: bool = True) -> Runner:
+                 seed: int = 0, overrides: dict | None = None, kv_tokens: int | None = None, inject: bool = True
+                 ) -> Runner:
     """Build and warm up the runner, recording engine, model, env, config and warm-up in ``result``."""
     is_milestone = milestone not in registered_runners()
     result["tokenizer"] = ensure_tokenizer() if is_milestone else None
@@ -277,11 +271,10 @@ def build_runner(milestone: str, workload: Workload, result: dict, *, model: str
         result["model"] = {"name": model, "dtype": str(runner.dtype).removeprefix("torch."),
                            "device": str(runner.device)}
         result["env"] = environment(runner.device)
-        if warmup:
-            began = time.perf_counter()
-            ran = runner.warmup() or {"num_requests": len(WARMUP_PROMPT_LENS), "prompt_lens": list(WARMUP_PROMPT_LENS),
-                                      "output_len": WARMUP_OUTPUT_LEN}
-            result["warmup"] = {**ran, "wall_time_s": time.perf_counter() - began}
+        began = time.perf_counter()
+        ran = runner.warmup() or {"num_requests": len(WARMUP_PROMPT_LENS), "prompt_lens": list(WARMUP_PROMPT_LENS),
+                                  "output_len": WARMUP_OUTPUT_LEN}
+        result["warmup"] = {**ran, "wall_time_s": time.perf_counter() - began}
         result["config"] = runner.knobs()
     except BaseException:
         runner.close()
@@ -300,7 +293,7 @@ def record_failure(result: dict, error: BaseException) -> None:
 
 def run_benchmark(milestone: str, workload: str | Workload, *, model: str = DEFAULT_MODEL, device: str = "auto",
                   dtype: str = "auto", seed: int = 0, workload_seed: int = 0, max_requests: int | None = None,
-                  full: bool = False, overrides: dict | None = None, warmup: bool = True, use_tqdm: bool = True,
+                  full: bool = False, overrides: dict | None = None, use_tqdm: bool = True,
                   time_limit_s: float | None = None, catch_errors: bool = False, inject: bool = True,
                   tag: str | None = None, log: Callable[[str], None] | None = print) -> dict:
     """Run ``milestone`` (``m01``..., or a registered runner such as ``hf-static``) on ``workload``; the flags of
@@ -327,7 +320,7 @@ def run_benchmark(milestone: str, workload: str | Workload, *, model: str = DEFA
                 + (f"; slice: first {wl.num_requests} of {wl.num_requests_total} requests" if wl.slice else ""))
             kv_tokens = None if milestone in registered_runners() else kv_tokens_needed(wl)
             runner = build_runner(milestone, wl, result, model=model, device=device, dtype=dtype, seed=seed,
-                                  overrides=overrides, kv_tokens=kv_tokens, inject=inject, warmup=warmup)
+                                  overrides=overrides, kv_tokens=kv_tokens, inject=inject)
             result.update(measure(runner, wl, use_tqdm))
             result["config"] = runner.knobs()  # again: some engines resolve knobs lazily (e.g. cache sizes)
         result["status"] = "ok"

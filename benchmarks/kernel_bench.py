@@ -1,15 +1,21 @@
 """Microbenchmark: m08's paged decode kernel against m04's gather + SDPA, for one attention layer of Qwen3-0.6B.
 
     python -m benchmarks.kernel_bench                    # H200: batch {1,16,64,256} x context {512,2048,8192}
-    python -m benchmarks.kernel_bench --quick            # batch {1,16,64} x context 2048
     python -m benchmarks.kernel_bench --autotune-sweep   # also every SWEEP_CONFIGS entry, and the LAUNCH_TABLE
                                                          # those measurements favour
+    python -m benchmarks.kernel_bench --launch-costs     # instead: one eager launch taken apart (launch_costs.json)
 
 Each case is one decode step of one layer (random bf16 K/V in a shuffled paged pool) through ``triton``
 (``paged_decode_attention``, its launch table's choice) and ``gather`` (m04's ``DecodeAttention``). The headline
 ``*_ms`` is GPU time from a CUDA graph (``Timing``), with calls rotating over copies of the K/V that hold 4x the
 L2 cache; ``*_wall_ms`` and ``*_host_ms`` are eager. Outputs must agree within a bf16 tolerance. What is timed
 and why: docs/m08-triton-kernel.md and benchmarks/KERNEL_NOTES.md. Without CUDA: a smoke test in the interpreter.
+
+``--launch-costs``: where the host time of one eager launch goes, each part alone (the median of ``--rounds`` rounds
+of ``--iterations`` back-to-back calls): an ``nn.Module`` returning its input (``python_call_us``),
+``torch.cuda._sleep(0)`` (``raw_launch_us``), ``torch.add`` on 16 elements (``torch_op_us``), a 16 x 16
+``nn.Linear`` (``module_op_us``), a one-program Triton kernel (``triton_launch_us``), and one ``torch.add``
+replayed in a CUDA graph (``graph_kernel_us``, GPU time). On a CPU: the Python and dispatcher parts only.
 """
 
 from __future__ import annotations
@@ -21,14 +27,17 @@ import math
 import statistics
 import sys
 import time
+import timeit
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+import triton
+import triton.language as tl
 import triton.testing
 from tabulate import tabulate
 
-from milestones.common.demo import positive_int_list
+from milestones.common.demo import positive_int, positive_int_list
 from milestones.m04_continuous_batching.kv_pool import DecodeAttention
 from milestones.m08_triton_kernel.launch_config import (LAUNCH_TABLE, DecodeKernelConfig, choose_launch,
                                                         choose_num_splits, sm_count)
@@ -38,7 +47,6 @@ from .env import default_path, environment, write_json
 
 BATCHES = (1, 16, 64, 256)
 CONTEXTS = (512, 2048, 8192)
-QUICK_BATCHES, QUICK_CONTEXTS = (1, 16, 64), (2048,)
 BF16_TOLERANCE = 2e-2  # max |triton - gather|: a few bf16 ulps at the outputs' magnitude (< 1)
 L2_MULTIPLE = 4  # the rotated copies of a case hold at least this many times the L2 cache...
 MAX_COPIES = 256  # ...up to this many (1 x 512 on an H200 needs about a hundred; only toy sizes reach the cap)
@@ -91,46 +99,37 @@ def require_device(device: str) -> torch.device:
 
 
 @dataclass
-class EagerTimes:
-    wall_ms: float  # per call, issued back to back: max(GPU, CPU issuing)
-    host_ms: float  # per call, the CPU's time to issue it
-
-
-@dataclass
 class Timing:
     """A code path is a list of callables, one per copy of its inputs; calls cycle through the copies.
     ``gpu_ms``: GPU time per call from ``do_bench_cudagraph`` (``rep_ms`` of calls in one graph, median replay),
-    free of launch costs; ``eager_ms``: the calls issued back to back from Python (``wall``: GPU or CPU, whichever
-    was slower; ``host``: the CPU's time to issue one). Without CUDA every figure is wall time."""
+    free of launch costs; ``eager_ms``: (wall, host) ms per call issued back to back from Python (wall: GPU or
+    CPU, whichever was slower; host: the CPU's time to issue one). Without CUDA every figure is wall time."""
 
     device: torch.device
     rep_ms: int = 20
     loops: int = 3
 
-    @property
-    def cuda(self) -> bool:
-        return self.device.type == "cuda"
-
     def gpu_ms(self, path: list[Callable[[], object]]) -> float:
-        if not self.cuda:
+        if self.device.type != "cuda":
             path[0]()  # warm-up (first touch of fresh buffers)
-            return statistics.median(self.eager_ms([fn], loops=1).wall_ms for fn in path)
+            return statistics.median(self.eager_ms([fn], loops=1)[0] for fn in path)
         calls = itertools.cycle(path)
         return triton.testing.do_bench_cudagraph(lambda: next(calls)(), rep=self.rep_ms, return_mode="median")
 
-    def describe(self, l2_multiple: int, what: str) -> str:
+    def describe(self, what: str) -> str:
         """What ``gpu_ms`` measured, for a result's ``timing``."""
-        if not self.cuda:
+        if self.device.type != "cuda":
             return "CPU (Triton interpreter): median wall time per call"
         return (f"*_ms: GPU time per call, triton.testing.do_bench_cudagraph ({self.rep_ms} ms of calls in one CUDA "
-                f"graph, median replay); calls rotate over copies of {what} holding >= {l2_multiple}x the L2 cache "
+                f"graph, median replay); calls rotate over copies of {what} holding >= {L2_MULTIPLE}x the L2 cache "
                 f"({l2_bytes(self.device)} B), so each reads from DRAM")
 
-    def eager_ms(self, path: list[Callable[[], object]], loops: int | None = None) -> EagerTimes:
-        n = max(len(path), MIN_EAGER_CALLS) if self.cuda else len(path)
+    def eager_ms(self, path: list[Callable[[], object]], loops: int | None = None) -> tuple[float, float]:
+        cuda = self.device.type == "cuda"
+        n = max(len(path), MIN_EAGER_CALLS) if cuda else len(path)
         walls, hosts = [], []
         for _ in range(loops or self.loops):
-            if self.cuda:
+            if cuda:
                 torch.cuda.synchronize(self.device)
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 start.record()
@@ -138,22 +137,22 @@ class Timing:
             for i in range(n):
                 path[i % len(path)]()
             hosts.append((time.perf_counter() - begin) * 1e3 / n)
-            if self.cuda:
+            if cuda:
                 end.record()
                 end.synchronize()
-            walls.append(start.elapsed_time(end) / n if self.cuda else hosts[-1])
-        return EagerTimes(statistics.median(walls), statistics.median(hosts))
+            walls.append(start.elapsed_time(end) / n if cuda else hosts[-1])
+        return statistics.median(walls), statistics.median(hosts)
 
     def copy_bandwidth_gbs(self, mib: int | None = None) -> float:
-        """Device-to-device copy bandwidth (bytes read + written over GPU time), buffer far larger than L2
-        (default 1 GiB; 16 MiB on a CPU). An elementwise ``neg``, not ``copy_``: in a CUDA graph a
-        ``cudaMemcpyAsync`` may go to a copy engine (H200: ~2,700 GB/s against ~4,250 for the SMs), and a
-        kernel's GB/s must be read against what SMs reach."""
-        nbytes = (mib or (1024 if self.cuda else 16)) * 2**20
+        """Device-to-device bandwidth (bytes read + written over GPU time) of an elementwise ``neg`` on a buffer far
+        larger than L2 (default 1 GiB; 16 MiB on a CPU): in a CUDA graph a ``copy_`` may go to a copy engine
+        (H200: ~2,700 GB/s against ~4,250 for the SMs), and a kernel's GB/s is read against what SMs reach."""
+        cuda = self.device.type == "cuda"
+        nbytes = (mib or (1024 if cuda else 16)) * 2**20
         src = torch.empty(nbytes // 2, dtype=torch.float16, device=self.device).uniform_(-1, 1)
         dst = torch.empty_like(src)
         gbs = 2 * (nbytes // 2) * 2 / (self.gpu_ms([lambda: torch.neg(src, out=dst)]) * 1e-3) / 1e9
-        print(f"device-to-device copy: {gbs:,.0f} GB/s (read + write, {'GPU' if self.cuda else 'wall'} time)")
+        print(f"device-to-device copy: {gbs:,.0f} GB/s (read + write, {'GPU' if cuda else 'wall'} time)")
         return gbs
 
 
@@ -270,10 +269,9 @@ def measure_case(case: PagedCase, timing: Timing, copy_gbs: float) -> dict:
     row["speedup"] = row["gather_ms"] / row["triton_ms"]
     row["triton_gbs"] = case.min_bytes / (row["triton_ms"] * 1e-3) / 1e9
     row["copy_fraction"] = row["triton_gbs"] / copy_gbs
-    eager_triton, eager_gather = timing.eager_ms(triton), timing.eager_ms(gather)
-    row["triton_wall_ms"], row["gather_wall_ms"] = eager_triton.wall_ms, eager_gather.wall_ms
+    (row["triton_wall_ms"], row["triton_host_ms"]), (row["gather_wall_ms"], row["gather_host_ms"]) = (
+        timing.eager_ms(triton), timing.eager_ms(gather))
     row["speedup_wall"] = row["gather_wall_ms"] / row["triton_wall_ms"]
-    row["triton_host_ms"], row["gather_host_ms"] = eager_triton.host_ms, eager_gather.host_ms
     return row
 
 
@@ -387,12 +385,43 @@ def print_sweep(rows: list[dict], recommendation: dict) -> None:
     print("paste into milestones/m08_triton_kernel/launch_config.py:\n" + rec["paste"])
 
 
+@triton.jit
+def _add_one(x_ptr):
+    tl.store(x_ptr, tl.load(x_ptr) + 1.0)
+
+
+def launch_costs(device: torch.device, iterations: int, rounds: int) -> dict:
+    """``--launch-costs``: host microseconds per call of each part alone (``timeit``, the device synced before each
+    round, untimed), and the GPU microseconds of an add replayed from a CUDA graph of many."""
+    cuda = device.type == "cuda"
+    sync = (lambda: torch.cuda.synchronize(device)) if cuda else (lambda: None)
+    identity, linear = torch.nn.Identity(), torch.nn.Linear(16, 16, device=device).requires_grad_(False)
+    x, a, b, c = (torch.ones(16, device=device) for _ in range(4))
+    calls = {"python_call_us": lambda: identity(x), "torch_op_us": lambda: torch.add(a, b, out=c),
+             "module_op_us": lambda: linear(x), "raw_launch_us": (lambda: torch.cuda._sleep(0)) if cuda else None,
+             "triton_launch_us": (lambda: _add_one[(1,)](x)) if cuda else None}
+    parts = {}
+    with torch.inference_mode():
+        for name, call in calls.items():
+            if call is not None:
+                timeit.repeat(call, sync, number=max(1, iterations // 10), repeat=1)  # warm-up: compile, allocate
+            parts[name] = None if call is None else statistics.median(
+                timeit.repeat(call, sync, number=iterations, repeat=rounds)) / iterations * 1e6
+    parts["graph_kernel_us"] = None
+    if cuda:
+        with torch.cuda.device(device):
+            parts["graph_kernel_us"] = triton.testing.do_bench_cudagraph(lambda: torch.add(a, b, out=c),
+                                                                         return_mode="median") * 1e3
+    not_measured = {k: "needs a CUDA GPU (and Triton for triton_launch_us)" for k, v in parts.items() if v is None}
+    return {"name": "launch_costs", "env": environment(device), "iterations": iterations, "rounds": rounds,
+            "parts": parts, "not_measured": not_measured}
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.kernel_bench", description=__doc__.split("\n")[0])
     parser.add_argument("--batch", type=positive_int_list, default=None, help="batch sizes (default 1,16,64,256)")
     parser.add_argument("--context", type=positive_int_list, default=None,
                         help="keys per sequence (default 512,2048,8192)")
-    parser.add_argument("--quick", action="store_true", help="batch 1,16,64 at context 2048 only")
     parser.add_argument("--autotune-sweep", action="store_true", help="also time every SWEEP_CONFIGS entry")
     parser.add_argument("--sweep-shapes", type=int_pairs, default=SWEEP_SHAPES,
                         help="BxC,BxC,... for the sweep (default: SWEEP_SHAPES)")
@@ -405,7 +434,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--rep-ms", type=int, default=20, help="GPU work per CUDA graph, in ms (triton.testing's rep)")
     parser.add_argument("--copy-mib", type=int, default=None, help="copy-bandwidth buffer (default 1024; 16 on CPU)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default=None, help="JSON path (default benchmarks/results/<gpu>/kernel_bench.json)")
+    parser.add_argument("--launch-costs", action="store_true", help="instead: one eager launch taken apart")
+    parser.add_argument("--iterations", type=positive_int, default=2000, help="--launch-costs: calls per round")
+    parser.add_argument("--rounds", type=positive_int, default=7, help="--launch-costs: rounds (the median is kept)")
+    parser.add_argument("--out", default=None,
+                        help="JSON path (default benchmarks/results/<gpu>/kernel_bench.json or launch_costs.json)")
     return parser
 
 
@@ -425,8 +458,8 @@ def run(args: argparse.Namespace) -> dict:
         return make_case(batch, context, *layer, copies=copies, seed=args.seed)
 
     cases, sweep = [], []
-    for batch in args.batch or (QUICK_BATCHES if args.quick else BATCHES):
-        for context in args.context or (QUICK_CONTEXTS if args.quick else CONTEXTS):
+    for batch in args.batch or BATCHES:
+        for context in args.context or CONTEXTS:
             row = measure_case(case_for(batch, context), timing, copy_gbs)
             cases.append(row)
             print(f"batch {batch:4d} x context {context:5d}: triton {row['triton_ms']:.4f} ms ({row['regime']}, "
@@ -440,7 +473,7 @@ def run(args: argparse.Namespace) -> dict:
             torch.cuda.empty_cache()
     timing_notes = {
         "judged_on": "triton_ms, gather_ms, speedup, triton_gbs, copy_fraction: GPU time per call",
-        "gpu": timing.describe(L2_MULTIPLE, "the case's K/V"),
+        "gpu": timing.describe("the case's K/V"),
         "wall": f"*_wall_ms: the same calls issued eagerly back to back, per call (GPU or CPU, whichever is slower), "
                 f"median of {timing.loops} loops",
         "host": "*_host_ms: the CPU's time to issue one eager call (checks, arguments, launches)",
@@ -458,6 +491,12 @@ def run(args: argparse.Namespace) -> dict:
 
 def main(argv: list[str] | None = None) -> dict:
     args = build_parser().parse_args(argv)
+    if args.launch_costs:
+        result = launch_costs(require_device(args.device), args.iterations, args.rounds)
+        for name, value in result["parts"].items():
+            print(f"{name:18s} {'not measured' if value is None else f'{value:8.2f} us'}")
+        print(f"-> {write_json(result, default_path(result, 'launch_costs.json', args.out))}")
+        return result
     result = run(args)
     print_cases(result["cases"])
     if result["sweep"]:

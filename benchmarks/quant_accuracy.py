@@ -74,7 +74,6 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--prompt-len", type=positive_int, default=64, help="tokens per random prompt (presets)")
     parser.add_argument("--max-tokens", type=positive_int, default=32, help="teacher-forced positions per prompt")
     parser.add_argument("--kv-cache-memory-gib", type=float, default=2.0)
-    parser.add_argument("--no-float32", action="store_true", help="leave out the float32 yardstick")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=None, help="JSON path (default benchmarks/results/<gpu>/m13_accuracy...)")
     args = parser.parse_args(argv)
@@ -99,7 +98,7 @@ def main(argv: list[str] | None = None) -> dict:
                             "kv_cache_dtype": "auto"},
               "prompts": prompt_kind, "positions_per_prompt": args.max_tokens, "modes": {}}
     print(f"reference: m13 unquantized in {reference.dtype}; {reference.describe_weights()}", flush=True)
-    if not args.no_float32 and reference.dtype != torch.float32:
+    if reference.dtype != torch.float32:
         yardstick = engine(args, dtype="float32")
         copy_weights_(yardstick.model, reference.model)  # the same values: only the arithmetic differs
         record(result, "float32 (yardstick)", {"dtype": "float32"}, yardstick, reference_logits, prompts,

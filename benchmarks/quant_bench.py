@@ -31,7 +31,7 @@ from milestones.m13_quantization.matmul_kernels import quantized_matmul
 from milestones.m13_quantization.quantize import dequantize_weight, quantize_weight
 
 from .env import default_path, environment, write_json
-from .kernel_bench import L2_MULTIPLE, Timing, copies_needed, int_pairs, require_device
+from .kernel_bench import Timing, copies_needed, int_pairs, require_device
 
 QWEN3_8B_SHAPES = {  # name -> (N, K), after m10's packing
     "qkv_proj": (6144, 4096), "o_proj": (4096, 4096), "gate_up_proj": (24576, 4096), "down_proj": (4096, 12288),
@@ -243,7 +243,7 @@ def run(args: argparse.Namespace) -> dict:
     failures = [r for r in rows if not r["max_rel_error"] <= TOLERANCE]
     table = {method: {kind: dataclasses.asdict(c) for kind, c in regimes.items()}
              for method, regimes in LAUNCH_TABLE.items()}
-    timing_notes = {"gpu": timing.describe(L2_MULTIPLE, "the weight"),
+    timing_notes = {"gpu": timing.describe("the weight"),
                     "bytes": "the weight (qweight + scales, or the bf16 matrix), x and the output, each once"}
     return {"name": "quant_bench", "env": environment(device),
             "shapes": {name: {"n": n, "k": k} for name, (n, k) in shapes.items()}, "launch_table": table,

@@ -19,10 +19,6 @@ from .runners import registered_runners
 from .workloads import WORKLOADS
 
 
-def _split(values: list[str]) -> list[str]:
-    return [v for value in values for v in value.split(",") if v]
-
-
 def parse_overrides(items: list[str]) -> dict:
     """``key=value`` pairs; values are Python literals where they parse (``64``, ``None``, ``True``), else strings."""
     overrides = {}
@@ -55,21 +51,19 @@ def build_parser() -> argparse.ArgumentParser:
                         help="engine config override, e.g. max_num_seqs=32 or kv_cache_tokens=65536")
     parser.add_argument("--seed", type=int, default=0, help="weights / sampler seed")
     parser.add_argument("--workload-seed", type=int, default=0, help="seed of the random prompts and lengths")
-    parser.add_argument("--no-warmup", action="store_true", help="skip the warm-up requests")
     parser.add_argument("--time-limit", type=float, default=None, help="seconds per run before it is abandoned")
     parser.add_argument("--no-progress", action="store_true", help="no tqdm progress bars")
     parser.add_argument("--no-save", action="store_true", help="print the table only")
-    parser.add_argument("--tag", default=None,
-                        help="append +TAG to the result names (for runs with non-default knobs)")
-    parser.add_argument("--no-inject", action="store_true",
-                        help="chunked, chunked-long: submit everything through generate even where the engine has "
-                             "a step API")
+    parser.add_argument("--tag", default=None, help="append +TAG to the result names (runs with non-default knobs)")
+    parser.add_argument("--no-inject", action="store_true", help="chunked, chunked-long: submit everything through "
+                        "generate even where the engine has a step API")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    milestones, workloads = _split(args.milestone), _split(args.workload)
+    milestones, workloads = ([v for value in values for v in value.split(",") if v]
+                             for values in (args.milestone, args.workload))
     for w in workloads:
         if w not in WORKLOADS:
             raise SystemExit(f"unknown workload {w!r}: choose from {', '.join(WORKLOADS)}")
@@ -80,10 +74,8 @@ def main(argv: list[str] | None = None) -> int:
             result = run_benchmark(
                 milestone, workload, model=args.model, device=args.device, dtype=args.dtype, seed=args.seed,
                 workload_seed=args.workload_seed, max_requests=args.max_requests, full=args.full,
-                overrides=overrides, warmup=not args.no_warmup, use_tqdm=not args.no_progress,
-                time_limit_s=args.time_limit, catch_errors=True, inject=not args.no_inject,
-                tag=args.tag,
-            )
+                overrides=overrides, use_tqdm=not args.no_progress, time_limit_s=args.time_limit, catch_errors=True,
+                inject=not args.no_inject, tag=args.tag)
             results.append(result)
             if result["status"] == "skipped":
                 print(f"[{result['name']}] skipped: {result['error']}", flush=True)

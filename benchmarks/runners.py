@@ -44,7 +44,8 @@ class PhaseResult:
 
 class Runner:
     """One engine on one device, built as ``cls(workload, model=, device=, dtype=, seed=, overrides=, kv_tokens=,
-    inject=)``: ``MilestoneRunner`` here, registered runners elsewhere."""
+    inject=)``: ``knobs()`` (its config, for the JSON), ``warmup()`` (untimed; returns what it ran where that is
+    not ``warmup_requests()``), ``run_phase``, ``reset()`` and ``close()``."""
 
     name: str = "?"  # registry name, or the milestone's short name
     engine_label: str = "?"
@@ -58,20 +59,9 @@ class Runner:
         """Why this kind of runner can never run ``workload`` (checked before building anything), or None."""
         return None
 
-    def knobs(self) -> dict:
-        raise NotImplementedError
-
-    def warmup(self) -> dict | None:
-        """Untimed work (compilation, graph capture, first allocations); returns what it ran where that is not
-        ``warmup_requests()``, for the JSON's ``warmup``."""
-        raise NotImplementedError
-
-    def run_phase(self, phase: Phase, use_tqdm: bool) -> PhaseResult:
-        raise NotImplementedError
-
     def reset(self) -> bool:
-        """Forget what earlier runs left behind that would speed up the next one (a prefix cache), so that
-        repeated runs measure the same work. False if this runner cannot: it must be built again."""
+        """Forget what earlier runs left that would speed up the next (a prefix cache), so that repeated runs
+        measure the same work. False if this runner cannot: it must be built again."""
         return True
 
     def close(self) -> None:

@@ -46,8 +46,7 @@ def busy_time_us(events) -> tuple[float, dict[str, float]]:
             per_kernel[e.name] = per_kernel.get(e.name, 0.0) + e.time_range.elapsed_us()
     busy, end = 0.0, float("-inf")
     for start, stop in sorted(spans):
-        busy += max(0.0, stop - max(start, end))
-        end = max(end, stop)
+        busy, end = busy + max(0.0, stop - max(start, end)), max(end, stop)
     return busy, per_kernel
 
 

@@ -168,7 +168,7 @@ def _uniform_batch(seed: int, name: str, description: str, num: int, prompt: tup
     rng = _rng(name, seed)
     requests = []
     for _ in range(num):
-        prompt_len, output_len = rng.randint(*prompt), rng.randint(*output)
+        prompt_len, output_len = rng.randint(*prompt), rng.randint(*output)  # in this order: the seed's sequence
         requests.append(RequestSpec(_tokens(rng, prompt_len), output_len))
     params = {"num_requests": num, "prompt_len_range": list(prompt), "output_len_range": list(output),
               "max_in_flight": MAX_IN_FLIGHT, "seed": seed}
@@ -339,10 +339,6 @@ def milestone_key(milestone: str) -> str:
     return milestone.split("_", 1)[0] if milestone[:1] == "m" and milestone[1:3].isdigit() else milestone
 
 
-def default_slice(milestone: str, workload: str) -> Slice | None:
-    return DEFAULT_SLICES.get(milestone_key(milestone), {}).get(workload)
-
-
 def get_workload(name: str, seed: int = DEFAULT_SEED) -> Workload:
     """Build the named workload (deterministic for a given seed)."""
     if name not in _BUILDERS:
@@ -356,6 +352,6 @@ def workload_for(milestone: str, name: str, seed: int = DEFAULT_SEED, max_reques
     workload = get_workload(name, seed)
     if max_requests is not None:
         return workload.sliced(max_requests, f"--max-requests {max_requests} (asked for on the command line)")
-    if not full and (cut := default_slice(milestone, name)) is not None:
+    if not full and (cut := DEFAULT_SLICES.get(milestone_key(milestone), {}).get(name)) is not None:
         return workload.sliced(cut.num_requests, cut.reason)
     return workload

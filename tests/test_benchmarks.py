@@ -20,6 +20,7 @@ from benchmarks.gate import CorrectnessGate, GateItem, compare_tokens, gate_work
 from benchmarks.harness import METRIC_KEYS, RESULT_KEYS, BenchmarkTimeout, run_benchmark, save_result, token_digest
 from benchmarks.workloads import (DEFAULT_SLICES, PROMPT_VOCAB, SWEEP_PROMPT_LENS, WORKLOADS, Phase, get_workload,
                                   workload_for)
+from milestones.m01_naive_loop.loader import parameter_count
 
 ENV_KEYS = ("gpu_name", "gpu_slug", "torch", "triton", "transformers", "python", "git_commit", "git_dirty",
             "timestamp")
@@ -528,7 +529,7 @@ def test_engines_share_the_gpu_only_when_they_fit(monkeypatch):
     per_token = 2 * 28 * 8 * 128 * 2  # Qwen3-0.6B, bfloat16
     pool = runners.kv_tokens_needed(nano) * per_token
     padded_batch = 256 * nano.max_seq_len * per_token
-    weights = compare.parameter_bytes(runners.model_config("qwen3-0.6b-random"), torch.bfloat16)
+    weights = parameter_count(runners.model_config("qwen3-0.6b-random")) * 2  # bf16
     assert plan["planned_bytes"] == 2 * weights + pool + padded_batch + compare.ACTIVATION_MARGIN
 
 

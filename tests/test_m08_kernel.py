@@ -414,6 +414,28 @@ def test_recommend_table_scores_every_pair_of_configs():
     assert table["never_split_best_score"] == pytest.approx(math.sqrt(8.0 / 2.0))
 
 
+def test_launch_costs_cpu_parts_run_and_the_rest_is_marked_not_measured(tmp_path, capsys):
+    """kernel_bench --launch-costs: the parts of one eager launch. The timings are not checked (never time a test):
+    only that the CPU parts run and the file says what was and was not measured."""
+    from benchmarks import kernel_bench
+
+    out = tmp_path / "launch_costs.json"
+    kernel_bench.main(["--launch-costs", "--device", "cpu", "--iterations", "5", "--rounds", "1", "--out", str(out)])
+    result = json.loads(out.read_text())
+    assert result["name"] == "launch_costs" and result["env"]["gpu_slug"] == "cpu"
+    assert all(result["parts"][name] > 0 for name in ("python_call_us", "torch_op_us", "module_op_us"))
+    assert set(result["not_measured"]) == {"raw_launch_us", "triton_launch_us", "graph_kernel_us"}
+    assert "not measured" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        kernel_bench.main(["--launch-costs", "--device", "cpu", "--iterations", "0", "--out", str(out)])
+    assert "--iterations" in capsys.readouterr().err
+    if not CUDA:  # --device cuda without a GPU: one error line, nothing written
+        out.unlink()
+        with pytest.raises(SystemExit, match="^error: "):
+            kernel_bench.main(["--launch-costs", "--device", "cuda", "--out", str(out)])
+        assert not out.exists()
+
+
 def test_kernel_bench_rejects_bad_arguments():
     from benchmarks import kernel_bench
 
