@@ -76,13 +76,12 @@ def offline_reference(engine, requests: list[tuple[list[int], int]], warmup: lis
     """The same requests through the same engine's ``generate`` (all at once): the ceiling a server chases.
     ``warmup`` (may be empty) goes through first, untimed."""
     package = importlib.import_module(type(engine).__module__.rsplit(".", 1)[0])
+    params = lambda pairs: [package.SamplingParams(max_tokens=n, ignore_eos=True) for _, n in pairs]  # noqa: E731
     if warmup:
-        engine.generate([list(p) for p, _ in warmup],
-                        [package.SamplingParams(max_tokens=n, ignore_eos=True) for _, n in warmup], use_tqdm=False)
-    params = [package.SamplingParams(max_tokens=n, ignore_eos=True) for _, n in requests]
+        engine.generate([list(p) for p, _ in warmup], params(warmup), use_tqdm=False)
     sync(engine.device)
     start = time.perf_counter()
-    outputs = engine.generate([p for p, _ in requests], params, use_tqdm=False)
+    outputs = engine.generate([list(p) for p, _ in requests], params(requests), use_tqdm=False)
     sync(engine.device)
     return summarize_offline(outputs, time.perf_counter() - start)
 
@@ -122,9 +121,9 @@ def _load(url: str, model: str | None, requests: list, rate: float, **kwargs) ->
     return asyncio.run(run_load(url, model, requests, rate, **kwargs))
 
 
-def client_pool() -> concurrent.futures.ProcessPoolExecutor:
-    """The clients' worker process: spawned, not forked (this process holds CUDA and threads), and gone when this
-    process is, however it ends (SIGKILL included: m11's ``exit_with_parent``, as the engine core does)."""
+def spawned_pool() -> concurrent.futures.ProcessPoolExecutor:
+    """One worker process (the clients', or --alternate's offline engine): spawned, not forked (this process holds
+    CUDA and threads), and gone when this process is, however it ends (m11's ``exit_with_parent``)."""
     from milestones.m11_engine_core.core import exit_with_parent
 
     return concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
@@ -230,7 +229,7 @@ def run_target(args: argparse.Namespace, parser: argparse.ArgumentParser, milest
     # engine does once (kernels compiled for shapes first met, memory first allocated): variant -1, sent by no run.
     warmup = requests_of(specs[:args.warmup_requests], -1) or [(list(p), n) for p, n in WARMUP_REQUESTS]
     result["warmup_requests"] = len(warmup)
-    clients = None if args.clients == "thread" else client_pool()
+    clients = None if args.clients == "thread" else spawned_pool()
     try:
         if milestone is not None:
             from milestones.common.serve_cli import build_engine, build_engine_client, engine_config
@@ -326,43 +325,33 @@ def alternate_runs(engine: "OfflineEngineProcess", url: str, model: str | None, 
 
 class OfflineEngineProcess:
     """``--alternate``'s offline engine in a spawned process of its own, as the server's engine core is: neither
-    side of a ratio shares an interpreter (its lock, its garbage collector, its threads) with the server's front
-    end or the benchmark; a run there is the same ``offline_reference`` as in this process."""
+    side of a ratio shares an interpreter with the server's front end or the benchmark."""
 
     def __init__(self, engine_class, config, parser: argparse.ArgumentParser) -> None:
-        from milestones.m11_engine_core.core import exit_with_parent
-
-        self.engine_class, self.config = engine_class, config
-        self.pool = concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
-                                                           initializer=exit_with_parent)
+        self.engine_class, self.config, self.pool = engine_class, config, spawned_pool()
         try:
-            self.milestone, self.device, self.dtype, self.max_model_len, self.pid = self._call()
+            self.milestone, self.device, self.dtype, self.max_model_len, self.pid = self.reference(None, [])
         except ValueError as error:
             self.close()
             parser.error(str(error))
 
-    def _call(self, *args):
-        return self.pool.submit(_in_offline_process, self.engine_class, self.config, *args).result()
-
-    def reference(self, requests: list, warmup: list) -> dict:
-        return self._call(requests, warmup)
+    def reference(self, requests: list | None, warmup: list):
+        """``offline_reference`` there (None: what the engine is)."""
+        return self.pool.submit(_in_offline_process, self.engine_class, self.config, requests, warmup).result()
 
     def close(self) -> None:
         self.pool.shutdown(cancel_futures=True)
 
 
-_offline_engine = None  # OfflineEngineProcess's engine, in its process
+_offline_engine = None  # OfflineEngineProcess's engine, built by the first call in its process
 
 
-def _in_offline_process(engine_class, config, requests: list | None = None, warmup: list = ()):
-    """In OfflineEngineProcess's worker: build the engine on the first call; no ``requests``: what it is."""
+def _in_offline_process(engine_class, config, requests: list | None, warmup: list):
     global _offline_engine
-    if _offline_engine is None:
-        _offline_engine = engine_class(config)
-    engine = _offline_engine
+    engine = _offline_engine = _offline_engine or engine_class(config)
     if requests is None:
         return engine.milestone, engine.device, engine.dtype, engine.max_model_len, os.getpid()
-    return offline_reference(engine, requests, list(warmup))
+    return offline_reference(engine, requests, warmup)
 
 
 def summarize_alternations(alternations: list[dict]) -> dict:

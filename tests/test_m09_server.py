@@ -621,9 +621,9 @@ def test_the_online_benchmarks_client_process_ends_with_the_benchmark_however_it
     """The clients run in a worker process of their own; a benchmark killed outright (SIGKILL: no ``finally``, no
     atexit) must not leave it behind."""
     script = tmp_path / "pool.py"
-    script.write_text("import os, time\nfrom benchmarks.online import client_pool\n"
+    script.write_text("import os, time\nfrom benchmarks.online import spawned_pool\n"
                       "if __name__ == '__main__':\n"  # a spawned worker imports this script again
-                      "    print(client_pool().submit(os.getpid).result(), flush=True)\n    time.sleep(600)\n")
+                      "    print(spawned_pool().submit(os.getpid).result(), flush=True)\n    time.sleep(600)\n")
     parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
                               env=env_with_checkout(), preexec_fn=end_with_this_process)
     worker = None
