@@ -87,6 +87,7 @@ Entry = Run | Compare | Gate
 
 
 FP8_KV = Member("m13", (("kv_cache_dtype", "fp8"),), "fp8kv")  # m13 with its K/V cache in float8 e4m3
+KV_2GIB = ("kv_cache_memory_bytes", 2 * 2**30)
 PIECEWISE = Member("m12", (("cudagraph_mode", "full_and_piecewise"),), "piecewise")  # mixed steps in pieces
 
 
@@ -214,6 +215,10 @@ SETS: dict[str, list[Entry]] = {  # named by what they measure; calls/*.json rec
         Compare(("m13", FP8_KV), "nanovllm", run_s=(15, 13), build_s=20),
         Compare(("m13", FP8_KV), "memory-bound", run_s=(12, 10), build_s=20),
     ],
+    # memory-bound's requests at a 2 GiB K/V budget, which binds for both caches (4 GiB does not bind for FP8)
+    "m13-fp8-kv-memory-bound-2gib": [Compare((Member("m13", (KV_2GIB,), "kv-2gib"),
+                                              Member("m13", (("kv_cache_dtype", "fp8"), KV_2GIB), "fp8kv-kv-2gib")),
+                                             "memory-bound", run_s=(14, 12), build_s=20)],
     # ---- m14, tensor parallelism. One GPU: tensor_parallel_size=1 must be the milestone before it (gated with
     # graphs on and off, then interleaved against it).
     "m14-tp1": [
