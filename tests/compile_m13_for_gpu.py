@@ -146,6 +146,9 @@ def main(argv: list[str] | None = None) -> int:
         for name in names:
             setattr(module, name, CompileOnly(getattr(module, name).compiled, compiled))
     matmul_kernels.F.linear = lambda x, w, bias=None: x.new_empty((x.shape[0], w.shape[0]))  # nothing to run
+    # the GPU's code paths, not the interpreter's (bf16 dots, the decode kernel's PTX widening of an FP8 cache)
+    paged_decode_kernel.runs_interpreted = lambda device: False
+    store_kv_kernel.runs_interpreted = lambda device: False
 
     jobs = matmul_jobs(args.candidates, args.quick) + fp8_jobs(args.quick)
     if args.only:

@@ -25,13 +25,15 @@ from pathlib import Path
 import pytest
 import torch
 
-pytest.importorskip("triton")
+triton = pytest.importorskip("triton")
+import triton.language as tl  # noqa: E402
 
 from conftest import (INIT_STD, GREEDY_MAX_TOKENS, mixed_length_prompts, random_prompts,  # noqa: E402
                       randomize_norm_weights)
 from kernel_signatures import TritonLaunches  # noqa: E402
+from milestones.m08_triton_kernel.device_kernel import device_kernel, runs_interpreted  # noqa: E402
 from milestones.m01_naive_loop import SamplingParams  # noqa: E402
-from milestones.m08_triton_kernel.paged_decode_kernel import (paged_decode_attention,  # noqa: E402
+from milestones.m08_triton_kernel.paged_decode_kernel import (_fp8_words_to_fp16, paged_decode_attention,  # noqa: E402
                                                               paged_decode_attention_reference)
 from milestones.m08_triton_kernel.store_kv_kernel import store_kv  # noqa: E402
 from milestones.m13_quantization import EngineConfig, LLMEngine  # noqa: E402
@@ -246,9 +248,34 @@ def test_store_kernel_quantizes_as_torch_does():
         assert torch.equal(stored.view(torch.uint8), to_fp8(x, scale).view(torch.uint8))
 
 
+@device_kernel
+@triton.jit
+def _widen_words_kernel(words_ptr, even_ptr, odd_ptr, n, PTX: tl.constexpr, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    even, odd = _fp8_words_to_fp16(tl.load(words_ptr + i, mask=i < n, other=0), PTX)
+    tl.store(even_ptr + i, even, mask=i < n)
+    tl.store(odd_ptr + i, odd, mask=i < n)
+
+
+def test_fp8_words_widen_exactly_to_fp16():
+    """Every int16 word of two finite e4m3 bytes (254 x 254: the cache never holds NaN), bit for bit as torch
+    converts each byte, the low byte to ``even`` (little-endian: dim 2j) and the high byte to ``odd``. Compiled
+    (CUDA), the decode kernel's PTX; interpreted, its plain Triton twin."""
+    finite = torch.tensor([b for b in range(256) if b & 0x7F != 0x7F], dtype=torch.int32)
+    low, high = finite.repeat(len(finite)), finite.repeat_interleave(len(finite))
+    words = ((high << 8) | low).to(torch.int16).to(DEVICE)
+    even, odd = torch.empty(len(words), dtype=torch.float16, device=DEVICE), torch.empty_like(words, dtype=torch.float16)
+    _widen_words_kernel[(triton.cdiv(len(words), 1024),)](words, even, odd, len(words),
+                                                          PTX=not runs_interpreted(DEVICE), BLOCK=1024)
+    for got, byte in ((even, low), (odd, high)):
+        expected = byte.to(torch.uint8).view(FP8_DTYPE).to(torch.float16)
+        assert torch.equal(got.cpu().view(torch.int16), expected.view(torch.int16))  # -0.0 and subnormals too
+
+
 @pytest.mark.parametrize("num_splits", [1, 3])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=["fp32", "fp16", "bf16"])
 def test_decode_kernel_reads_an_fp8_cache_with_its_scales(num_splits, dtype):
+    """Interpreted, bf16 queries take float32 dots (device_kernel.py); fp16 queries the fp16 dots a GPU runs."""
     gen = torch.Generator().manual_seed(5)
     cache_k = (torch.randn(8, 16, 2, 16, generator=gen) * 3).to(FP8_DTYPE).to(DEVICE)
     cache_v = torch.randn(8, 16, 2, 16, generator=gen).to(FP8_DTYPE).to(DEVICE)

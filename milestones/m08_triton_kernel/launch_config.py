@@ -69,6 +69,9 @@ LAUNCH_TABLE: dict[str, DecodeKernelConfig] = {
 # read 3.9 (results/h200/step_probe_m13+fp8-kv.json). Twice the keys an iteration: 4.1 per byte. A third
 # stage keeps one more tile in flight: one layer at 176 x 1,024 and 64 x 2,048 keys read 2.35 and 2.62 TB/s
 # against 2.22 and 2.20 with two (results/h200/fp8_decode_sweep.json, fp8_dot_sweep.json: two calls agree).
+# Those are the byte loads of then. Read as 16-bit words (ldmatrix, as bf16) and widened in PTX, the same launches
+# issue 2.5 instructions a byte (4.4 and 4.2 before; registers 142 and 145 against 190 and 201); 64 keys an
+# iteration 3.5-3.6, 8 warps 3.6-3.7, 256 keys 2.4 at 202 registers (sm_90 assembly; not yet timed on a GPU).
 FP8_LAUNCH_TABLE: dict[str, DecodeKernelConfig] = {
     "direct": DecodeKernelConfig(tile_tokens=128, num_warps=4, num_stages=3, programs_per_sm=2),
     "split": DecodeKernelConfig(tile_tokens=128, num_warps=4, num_stages=2, programs_per_sm=3),

@@ -35,6 +35,11 @@ a second small kernel combines the slices: ``o = sum_s 2^(lse_s - lse_max) o_s /
 shapes and Python ints (``max_context_len`` is a bound the caller knows, by default the table's width times
 ``block_size``), and each program finds its own sequence's length on the device and skips the work past it.
 
+**An FP8 cache is read as 16-bit words** (m13). Its ``[TILE, head_dim]`` tile of single bytes would reach the dots'
+registers through scalar byte reads of shared memory; viewed as ``[TILE, head_dim / 2]`` int16 words (two values
+each) it takes bf16's path there (``ldmatrix``), and the dots take the even and the odd dims apart:
+``q . k = q_even . k_even + q_odd . k_odd``, and ``p V`` is ``[p V_even, p V_odd]`` interleaved back.
+
 Without a GPU the kernels run in Triton's interpreter (numpy on the CPU): slow, but exact, which is how the
 tests check them on a laptop. Each kernel chooses at launch, from its tensors' device (``device_kernel.py``).
 """
@@ -79,7 +84,8 @@ def _load_kv_tile(k_head, v_head, block, slot, dims, valid, stride_k_block, stri
                   stride_v_slot, KV_FP8: tl.constexpr, DOT_FP32: tl.constexpr):
     """A ``[TILE, head_dim]`` tile of K and of V, key ``i`` at slot ``slot[i]`` of block ``block[i]`` (rows not
     ``valid`` read as 0), widened for the dots: an FP8 cache's values to fp16 (one instruction a pair on Hopper;
-    to bf16 it is two), everything to float32 where the dots run in float32. m12's prefill kernel reads it too."""
+    to bf16 it is two), everything to float32 where the dots run in float32. m12's prefill kernel reads it so;
+    the decode kernel reads an FP8 cache as words (``_load_fp8_words``)."""
     k = tl.load(k_head + (block * stride_k_block + slot * stride_k_slot)[:, None] + dims[None, :],
                 mask=valid[:, None], other=0.0)
     v = tl.load(v_head + (block * stride_v_block + slot * stride_v_slot)[:, None] + dims[None, :],
@@ -94,24 +100,85 @@ def _load_kv_tile(k_head, v_head, block, slot, dims, valid, stride_k_block, stri
 
 
 @triton.jit
-def _online_softmax_step(q, k, v, visible, scale_log2, m, l, acc, IEEE: tl.constexpr):
-    """Fold one tile of keys into the running ``(m, l, acc)`` of the rows of ``q``: scores in base 2, keys a
-    row may not see (``visible`` false) at -inf; a new maximum rescales what came before by ``2^(m_old - m_new)``.
-    ``IEEE``: float32 data, full-precision dots (not tf32)."""
+def _fp8_words_to_fp16(w, PTX: tl.constexpr):
+    """The two float8_e4m3 values of each int16 word of ``w`` as fp16 (exactly: e4m3's 3 mantissa bits and
+    2^-9..448 fit fp16's 10 bits and 2^-24..65504): ``(even, odd)``, the word's low byte (dim ``2j`` of the cache:
+    little-endian) and its high byte (dim ``2j + 1``).
+
+    ``PTX`` (compiled kernels): Triton's ``.to`` below works byte by byte (4.3 instructions a byte for the whole
+    loop); here each 32-bit register of two words ``a, b`` is one byte permute to ``(a_lo, b_lo, a_hi, b_hi)`` and
+    one hardware conversion of each half (``cvt.rn.f16x2.e4m3x2``, sm_89 on: two values), straight into the even
+    and the odd fp16 pairs: 3 instructions for 4 values (2.5 a byte for the loop, sm_90 assembly). The
+    interpreter runs no PTX.
+    """
+    if PTX:
+        return tl.inline_asm_elementwise(
+            asm="""{
+            .reg .b16 lo, hi;
+            .reg .b32 bytes;
+            prmt.b32 bytes, $2, 0, 0x3120;
+            mov.b32 {lo, hi}, bytes;
+            cvt.rn.f16x2.e4m3x2 $0, lo;
+            cvt.rn.f16x2.e4m3x2 $1, hi;
+            }""", constraints="=r,=r,r", args=[w], dtype=(tl.float16, tl.float16), is_pure=True, pack=2)
+    even = (w & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
+    odd = ((w >> 8) & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
+    return even, odd
+
+
+@triton.jit
+def _load_fp8_words(head, block, slot, words, valid, stride_block, stride_slot, DOT_FP32: tl.constexpr,
+                    PTX: tl.constexpr):
+    """A ``[TILE, head_dim / 2]`` tile of an FP8 cache's int16 words (``head`` and the strides in words; rows not
+    ``valid`` read as 0) as its even dims and its odd dims in fp16, float32 where the dots run in float32."""
+    w = tl.load(head + (block * stride_block + slot * stride_slot)[:, None] + words[None, :],
+                mask=valid[:, None], other=0)
+    even, odd = _fp8_words_to_fp16(w, PTX)
+    if DOT_FP32:
+        even = even.to(tl.float32)
+        odd = odd.to(tl.float32)
+    return even, odd
+
+
+@triton.jit
+def _dot(a, b, acc, IEEE: tl.constexpr):
+    """``acc + a @ b``; ``IEEE``: float32 data, full-precision dots (not tf32)."""
     if IEEE:
-        scores = tl.dot(q, tl.trans(k), input_precision="ieee")
-    else:
-        scores = tl.dot(q, tl.trans(k))
-    scores = tl.where(visible, scores * scale_log2, float("-inf"))  # [rows, TILE]
+        return tl.dot(a, b, acc, input_precision="ieee")
+    return tl.dot(a, b, acc)
+
+
+@triton.jit
+def _softmax_weights(scores, visible, scale_log2, m, l):
+    """A tile's scores ``[rows, TILE]`` against the running ``(m, l)``: in base 2, keys a row may not see
+    (``visible`` false) at -inf. Returns the weights ``p = 2^(score - m_new)``, the factor ``2^(m - m_new)`` that
+    rescales what came before, and the new ``(m, l)``."""
+    scores = tl.where(visible, scores * scale_log2, float("-inf"))
     m_new = tl.maximum(m, tl.max(scores, 1))
     alpha = tl.exp2(m - m_new)
     p = tl.exp2(scores - m_new[:, None])
-    l = l * alpha + tl.sum(p, 1)
-    if IEEE:
-        pv = tl.dot(p, v, input_precision="ieee")
-    else:
-        pv = tl.dot(p.to(v.dtype), v)
-    return m_new, l, acc * alpha[:, None] + pv
+    return p, alpha, m_new, l * alpha + tl.sum(p, 1)
+
+
+@triton.jit
+def _online_softmax_step(q, k, v, visible, scale_log2, m, l, acc, IEEE: tl.constexpr):
+    """Fold one tile of keys into the running ``(m, l, acc)`` of the rows of ``q``."""
+    zeros = tl.zeros([q.shape[0], k.shape[0]], tl.float32)
+    p, alpha, m, l = _softmax_weights(_dot(q, tl.trans(k), zeros, IEEE), visible, scale_log2, m, l)
+    pv = _dot(p.to(v.dtype), v, tl.zeros([q.shape[0], v.shape[1]], tl.float32), IEEE)
+    return m, l, acc * alpha[:, None] + pv
+
+
+@triton.jit
+def _online_softmax_step_words(q_even, q_odd, k_even, k_odd, v_even, v_odd, visible, scale_log2, m, l, acc_even,
+                               acc_odd, IEEE: tl.constexpr):
+    """``_online_softmax_step`` on a tile split into even and odd dims (an FP8 cache read as words): the scores
+    sum a dot over each half, and each half of the output takes ``p`` times its half of V."""
+    scores = _dot(q_even, tl.trans(k_even), tl.zeros([q_even.shape[0], k_even.shape[0]], tl.float32), IEEE)
+    p, alpha, m, l = _softmax_weights(_dot(q_odd, tl.trans(k_odd), scores, IEEE), visible, scale_log2, m, l)
+    acc_even = _dot(p.to(v_even.dtype), v_even, acc_even * alpha[:, None], IEEE)
+    acc_odd = _dot(p.to(v_odd.dtype), v_odd, acc_odd * alpha[:, None], IEEE)
+    return m, l, acc_even, acc_odd
 
 
 @device_kernel
@@ -125,14 +192,15 @@ def _paged_decode_kernel(
     stride_table, stride_out_seq, stride_out_head, stride_out_split,
     GROUP: tl.constexpr, GROUP_ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     TILE: tl.constexpr, SPLIT: tl.constexpr, DOT_FP32: tl.constexpr, IEEE: tl.constexpr,
-    k_scale_ptr, v_scale_ptr, KV_FP8: tl.constexpr,
+    k_scale_ptr, v_scale_ptr, KV_FP8: tl.constexpr, PTX: tl.constexpr,
 ):
     """One (sequence, K/V head, split): the ``GROUP`` query heads of that K/V head against its keys.
 
     ``KV_FP8`` (m13): the cache holds float8_e4m3 values ``x / scale`` with one float32 scale per layer for K
-    and one for V (``k_scale_ptr``, ``v_scale_ptr``): tiles are widened to fp16 in registers (one conversion per
-    pair of values on Hopper, where bf16 takes two) and the dots run in fp16, K's scale multiplies the scores
-    (through ``scale_log2``) and V's the output."""
+    and one for V (``k_scale_ptr``, ``v_scale_ptr``), read as int16 words (``[..., head_dim / 2]``, its strides
+    given in words): tiles of words are widened to fp16 in registers (``_fp8_words_to_fp16``; ``PTX``: with Hopper's
+    conversion, off in the interpreter) and the dots run in fp16 on the even and the odd dims, K's scale
+    multiplies the scores (through ``scale_log2``) and V's the output."""
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -160,8 +228,17 @@ def _paged_decode_kernel(
 
     m = tl.full([GROUP_ROWS], float("-inf"), tl.float32)  # running max of the scores (base-2 units)
     l = tl.zeros([GROUP_ROWS], tl.float32)  # running sum of 2^(score - m)
-    acc = tl.zeros([GROUP_ROWS, HEAD_DIM], tl.float32)  # running sum of 2^(score - m) * v
+    if KV_FP8:  # word j of a key holds its dims 2j (low byte) and 2j + 1: q and the output split alike
+        words = tl.arange(0, HEAD_DIM // 2)
+        q_even, q_odd = tl.split(tl.reshape(q, [GROUP_ROWS, HEAD_DIM // 2, 2]))
+        acc_even = tl.zeros([GROUP_ROWS, HEAD_DIM // 2], tl.float32)  # running sum of 2^(score - m) * v_even
+        acc_odd = tl.zeros([GROUP_ROWS, HEAD_DIM // 2], tl.float32)
+    else:
+        acc = tl.zeros([GROUP_ROWS, HEAD_DIM], tl.float32)  # running sum of 2^(score - m) * v
     table_row = block_tables_ptr + seq * stride_table
+    if KV_FP8:  # the same bytes, two values a word
+        k_cache_ptr = k_cache_ptr.to(tl.pointer_type(tl.int16), bitcast=True)
+        v_cache_ptr = v_cache_ptr.to(tl.pointer_type(tl.int16), bitcast=True)
     k_head = k_cache_ptr + kv_head * stride_k_head
     v_head = v_cache_ptr + kv_head * stride_v_head
     # The block ids of a tile are loaded one iteration ahead (hoisted out of the K/V address chain): the K/V
@@ -175,11 +252,22 @@ def _paged_decode_kernel(
         block = next_blocks.to(tl.int64)
         next_keys = keys + TILE
         next_blocks = tl.load(table_row + next_keys // BLOCK_SIZE, mask=next_keys < end, other=0)
-        k, v = _load_kv_tile(k_head, v_head, block, keys % BLOCK_SIZE, dims, valid, stride_k_block, stride_k_slot,
-                             stride_v_block, stride_v_slot, KV_FP8, DOT_FP32)
         # Each tile holds at least one valid key, so m stays finite and the exponents are well defined.
-        m, l, acc = _online_softmax_step(q, k, v, valid[None, :], scale_log2, m, l, acc, IEEE)
+        if KV_FP8:
+            k_even, k_odd = _load_fp8_words(k_head, block, keys % BLOCK_SIZE, words, valid, stride_k_block,
+                                            stride_k_slot, DOT_FP32, PTX)
+            v_even, v_odd = _load_fp8_words(v_head, block, keys % BLOCK_SIZE, words, valid, stride_v_block,
+                                            stride_v_slot, DOT_FP32, PTX)
+            m, l, acc_even, acc_odd = _online_softmax_step_words(q_even, q_odd, k_even, k_odd, v_even, v_odd,
+                                                                 valid[None, :], scale_log2, m, l, acc_even,
+                                                                 acc_odd, IEEE)
+        else:
+            k, v = _load_kv_tile(k_head, v_head, block, keys % BLOCK_SIZE, dims, valid, stride_k_block,
+                                 stride_k_slot, stride_v_block, stride_v_slot, KV_FP8, DOT_FP32)
+            m, l, acc = _online_softmax_step(q, k, v, valid[None, :], scale_log2, m, l, acc, IEEE)
 
+    if KV_FP8:
+        acc = tl.reshape(tl.join(acc_even, acc_odd), [GROUP_ROWS, HEAD_DIM])  # dims 2j, 2j + 1 side by side
     has_keys = l > 0  # false only for an empty split, or a padding row with context length 0
     out = acc / tl.where(has_keys, l, 1.0)[:, None]
     if KV_FP8:
@@ -272,8 +360,12 @@ class _Layout:
         _, self.block_size, self.num_kv_heads, _ = k_cache.shape
         self.max_blocks = block_tables.shape[1]
         self.num_sms = sm_count(q.device)
-        # the kernel's stride arguments after scale_log2, num_splits and max_blocks, in its order
+        # the kernel's stride arguments after scale_log2, num_splits and max_blocks, in its order; an FP8 cache's
+        # in int16 words, as the kernel reads it (a cache whose strides are not all even is refused here)
+        if k_cache.dtype == FP8_DTYPE:
+            k_cache, v_cache = k_cache.view(torch.int16), v_cache.view(torch.int16)
         self.strides = (q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3], block_tables.stride(0))
+        self.ptx = not runs_interpreted(q.device)  # the kernel's PTX widening of an FP8 cache (none interpreted)
         self.out_strides = (out.stride(0), out.stride(1)) if out is not None else (self.num_heads * self.head_dim,
                                                                                    self.head_dim)
         group = self.num_heads // self.num_kv_heads
@@ -361,7 +453,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         q, k_cache, v_cache, block_tables, context_lens, target, lse,
         scale * LOG2_E, num_splits, layout.max_blocks, *layout.strides, *target_strides,
         TILE=config.tile_tokens, SPLIT=split, DOT_FP32=layout.dots_in_fp32 or config.dot_in_fp32,
-        k_scale_ptr=k_scale, v_scale_ptr=v_scale, KV_FP8=kv_fp8,
+        k_scale_ptr=k_scale, v_scale_ptr=v_scale, KV_FP8=kv_fp8, PTX=kv_fp8 and layout.ptx,
         num_warps=config.num_warps, num_stages=config.num_stages, **layout.constexprs,
     )
     if split:
