@@ -274,19 +274,22 @@ def test_fp8_words_widen_exactly_to_fp16():
 
 @pytest.mark.parametrize("num_splits", [1, 3])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=["fp32", "fp16", "bf16"])
-def test_decode_kernel_reads_an_fp8_cache_with_its_scales(num_splits, dtype):
+@pytest.mark.parametrize("head_dim", [16, 64], ids=["bytes", "words"])  # words from head_dim 32 (a dot's K >= 16)
+def test_decode_kernel_reads_an_fp8_cache_with_its_scales(num_splits, dtype, head_dim):
     """Interpreted, bf16 queries take float32 dots (device_kernel.py); fp16 queries the fp16 dots a GPU runs."""
     gen = torch.Generator().manual_seed(5)
-    cache_k = (torch.randn(8, 16, 2, 16, generator=gen) * 3).to(FP8_DTYPE).to(DEVICE)
-    cache_v = torch.randn(8, 16, 2, 16, generator=gen).to(FP8_DTYPE).to(DEVICE)
+    cache_k = (torch.randn(8, 16, 2, head_dim, generator=gen) * 3).to(FP8_DTYPE).to(DEVICE)
+    cache_v = torch.randn(8, 16, 2, head_dim, generator=gen).to(FP8_DTYPE).to(DEVICE)
     tables = torch.randperm(8, generator=gen)[:6].view(3, 2).to(torch.int32).to(DEVICE)
     lens = torch.tensor([5, 20, 32], device=DEVICE)
-    q = torch.randn(3, 4, 16, generator=gen).to(DEVICE, dtype)
+    q = torch.randn(3, 4, head_dim, generator=gen).to(DEVICE, dtype)
     k_scale, v_scale = torch.tensor([0.5], device=DEVICE), torch.tensor([2.0], device=DEVICE)
     out = paged_decode_attention(q, cache_k, cache_v, tables, lens, 0.25, num_splits=num_splits, k_scale=k_scale,
                                  v_scale=v_scale)
     reference = paged_decode_attention_reference(q, cache_k, cache_v, tables, lens, 0.25, k_scale, v_scale)
-    assert (out.float() - reference.float()).abs().max() <= (2e-5 if dtype == torch.float32 else 3e-2)
+    # float32: the dots' error; 16-bit: one rounding of the output apart at most (bf16: 2^-8 of a value) plus the dots'
+    tolerance = dict(atol=2e-5, rtol=0) if dtype == torch.float32 else dict(atol=3e-2, rtol=2**-8)
+    torch.testing.assert_close(out.float(), reference.float(), **tolerance)
 
 
 def test_an_fp8_cache_is_decoded_with_its_own_launch_table(monkeypatch):

@@ -60,6 +60,7 @@ SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 FP8_DTYPE = torch.float8_e4m3fn  # an FP8 cache (m13): read with a per-layer float32 scale for K and for V
 INDEX_DTYPES = (torch.int32, torch.int64)  # of block_tables and context_lens
 MIN_GROUP_ROWS = 16  # tl.dot needs M >= 16: the query-head group is padded to this many rows
+MIN_DOT_K = 16  # and an inner dimension K >= 16 on a GPU
 LOG2_E = math.log2(math.e)  # scores are kept in base 2: exp(x) = exp2(x * log2(e))
 
 
@@ -192,15 +193,15 @@ def _paged_decode_kernel(
     stride_table, stride_out_seq, stride_out_head, stride_out_split,
     GROUP: tl.constexpr, GROUP_ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     TILE: tl.constexpr, SPLIT: tl.constexpr, DOT_FP32: tl.constexpr, IEEE: tl.constexpr,
-    k_scale_ptr, v_scale_ptr, KV_FP8: tl.constexpr, PTX: tl.constexpr,
+    k_scale_ptr, v_scale_ptr, KV_FP8: tl.constexpr, FP8_WORDS: tl.constexpr, PTX: tl.constexpr,
 ):
     """One (sequence, K/V head, split): the ``GROUP`` query heads of that K/V head against its keys.
 
     ``KV_FP8`` (m13): the cache holds float8_e4m3 values ``x / scale`` with one float32 scale per layer for K
-    and one for V (``k_scale_ptr``, ``v_scale_ptr``), read as int16 words (``[..., head_dim / 2]``, its strides
-    given in words): tiles of words are widened to fp16 in registers (``_fp8_words_to_fp16``; ``PTX``: with Hopper's
-    conversion, off in the interpreter) and the dots run in fp16 on the even and the odd dims, K's scale
-    multiplies the scores (through ``scale_log2``) and V's the output."""
+    and one for V (``k_scale_ptr``, ``v_scale_ptr``). ``FP8_WORDS``: read as int16 words (``[..., head_dim / 2]``,
+    the strides given in words), widened to fp16 in registers (``_fp8_words_to_fp16``; ``PTX``: with Hopper's
+    conversion, off in the interpreter), the dots in fp16 on the even and the odd dims; otherwise (a head_dim
+    under 32) byte by byte. K's scale multiplies the scores (through ``scale_log2``) and V's the output."""
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -228,7 +229,7 @@ def _paged_decode_kernel(
 
     m = tl.full([GROUP_ROWS], float("-inf"), tl.float32)  # running max of the scores (base-2 units)
     l = tl.zeros([GROUP_ROWS], tl.float32)  # running sum of 2^(score - m)
-    if KV_FP8:  # word j of a key holds its dims 2j (low byte) and 2j + 1: q and the output split alike
+    if FP8_WORDS:  # word j of a key holds its dims 2j (low byte) and 2j + 1: q and the output split alike
         words = tl.arange(0, HEAD_DIM // 2)
         q_even, q_odd = tl.split(tl.reshape(q, [GROUP_ROWS, HEAD_DIM // 2, 2]))
         acc_even = tl.zeros([GROUP_ROWS, HEAD_DIM // 2], tl.float32)  # running sum of 2^(score - m) * v_even
@@ -236,7 +237,7 @@ def _paged_decode_kernel(
     else:
         acc = tl.zeros([GROUP_ROWS, HEAD_DIM], tl.float32)  # running sum of 2^(score - m) * v
     table_row = block_tables_ptr + seq * stride_table
-    if KV_FP8:  # the same bytes, two values a word
+    if FP8_WORDS:  # the same bytes, two values a word
         k_cache_ptr = k_cache_ptr.to(tl.pointer_type(tl.int16), bitcast=True)
         v_cache_ptr = v_cache_ptr.to(tl.pointer_type(tl.int16), bitcast=True)
     k_head = k_cache_ptr + kv_head * stride_k_head
@@ -253,7 +254,7 @@ def _paged_decode_kernel(
         next_keys = keys + TILE
         next_blocks = tl.load(table_row + next_keys // BLOCK_SIZE, mask=next_keys < end, other=0)
         # Each tile holds at least one valid key, so m stays finite and the exponents are well defined.
-        if KV_FP8:
+        if FP8_WORDS:
             k_even, k_odd = _load_fp8_words(k_head, block, keys % BLOCK_SIZE, words, valid, stride_k_block,
                                             stride_k_slot, DOT_FP32, PTX)
             v_even, v_odd = _load_fp8_words(v_head, block, keys % BLOCK_SIZE, words, valid, stride_v_block,
@@ -266,7 +267,7 @@ def _paged_decode_kernel(
                                  stride_k_slot, stride_v_block, stride_v_slot, KV_FP8, DOT_FP32)
             m, l, acc = _online_softmax_step(q, k, v, valid[None, :], scale_log2, m, l, acc, IEEE)
 
-    if KV_FP8:
+    if FP8_WORDS:
         acc = tl.reshape(tl.join(acc_even, acc_odd), [GROUP_ROWS, HEAD_DIM])  # dims 2j, 2j + 1 side by side
     has_keys = l > 0  # false only for an empty split, or a padding row with context length 0
     out = acc / tl.where(has_keys, l, 1.0)[:, None]
@@ -361,8 +362,11 @@ class _Layout:
         self.max_blocks = block_tables.shape[1]
         self.num_sms = sm_count(q.device)
         # the kernel's stride arguments after scale_log2, num_splits and max_blocks, in its order; an FP8 cache's
-        # in int16 words, as the kernel reads it (a cache whose strides are not all even is refused here)
-        if k_cache.dtype == FP8_DTYPE:
+        # in int16 words where the kernel reads it so (a cache whose strides are not all even is refused here)
+        # Words need head_dim >= 32: each half of a key is a dot's inner dimension, at least 16 on a GPU; a smaller
+        # head (the tests' tiny models) takes the FP8 tile byte by byte, as m12's prefill kernel does.
+        self.fp8_words = k_cache.dtype == FP8_DTYPE and self.head_dim >= 2 * MIN_DOT_K
+        if self.fp8_words:
             k_cache, v_cache = k_cache.view(torch.int16), v_cache.view(torch.int16)
         self.strides = (q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3], block_tables.stride(0))
         self.ptx = not runs_interpreted(q.device)  # the kernel's PTX widening of an FP8 cache (none interpreted)
@@ -453,7 +457,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         q, k_cache, v_cache, block_tables, context_lens, target, lse,
         scale * LOG2_E, num_splits, layout.max_blocks, *layout.strides, *target_strides,
         TILE=config.tile_tokens, SPLIT=split, DOT_FP32=layout.dots_in_fp32 or config.dot_in_fp32,
-        k_scale_ptr=k_scale, v_scale_ptr=v_scale, KV_FP8=kv_fp8, PTX=kv_fp8 and layout.ptx,
+        k_scale_ptr=k_scale, v_scale_ptr=v_scale, KV_FP8=kv_fp8, FP8_WORDS=layout.fp8_words,
+        PTX=layout.fp8_words and layout.ptx,
         num_warps=config.num_warps, num_stages=config.num_stages, **layout.constexprs,
     )
     if split:
