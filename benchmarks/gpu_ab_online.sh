@@ -14,9 +14,7 @@ OUT="${OUT:-/tmp/nanoserve-ab}"
 OLD_TREE="$(realpath "${OLD_TREE:?OLD_TREE: the tree to compare this checkout with}")"
 MILESTONE="${SERVE_MILESTONE:-m11}"
 mkdir -p "$OUT"
-"$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/nanoserve-site .whl/*.whl \
-    && export PYTHONPATH="/tmp/nanoserve-site${PYTHONPATH:+:$PYTHONPATH}"
-export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false TQDM_MININTERVAL=15
+source benchmarks/gpu_env.sh
 status=0
 [ $# -gt 0 ] && { bash benchmarks/gpu_suite.sh "$@" --out "$OUT/results" || status=1; }
 for round in $(seq 1 "${ROUNDS:-2}"); do

@@ -20,9 +20,7 @@ SERVE="${SERVE_MILESTONES-m11}"
 SERVE_ARGS="${SERVE_ARGS:---workload nanovllm --rates inf --offline-reference}"
 RELIABILITY="${RELIABILITY_MILESTONES-}"
 mkdir -p "$OUT"
-"$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/nanoserve-site .whl/*.whl \
-    && export PYTHONPATH="/tmp/nanoserve-site${PYTHONPATH:+:$PYTHONPATH}"
-export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false TQDM_MININTERVAL=15
+source benchmarks/gpu_env.sh
 status=0
 [ $# -gt 0 ] && { bash benchmarks/gpu_suite.sh "$@" --out "$OUT/results" || status=1; }
 [ -n "$PROBE" ] && { "$PY" -m benchmarks.step_probe --milestone "$PROBE" --out-dir "$OUT/probe" 2>&1 | tee "$OUT/probe.log" || status=1; }

