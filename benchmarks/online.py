@@ -20,7 +20,9 @@ import importlib
 import math
 import multiprocessing
 import os
+import signal
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -123,11 +125,24 @@ def _load(url: str, model: str | None, requests: list, rate: float, **kwargs) ->
 
 def spawned_pool() -> concurrent.futures.ProcessPoolExecutor:
     """One worker process (the clients', or --alternate's offline engine): spawned, not forked (this process holds
-    CUDA and threads), and gone when this process is, however it ends (m11's ``exit_with_parent``)."""
+    CUDA and threads), started now, and gone when this process is, however it ends."""
+    from milestones.m11_engine_core.core import born_holding_ctrl_c
+
+    pool = concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
+                                                  initializer=_start_worker)
+    with born_holding_ctrl_c():
+        pool.submit(int)  # the worker starts here, with Ctrl-C held back until _start_worker says what it means
+    return pool
+
+
+def _start_worker() -> None:
+    """A worker ends with this process (m11's ``exit_with_parent``), and at once on Ctrl-C, which a terminal sends
+    the whole group: without a traceback of its own, since this process reports the interruption."""
     from milestones.m11_engine_core.core import exit_with_parent
 
-    return concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
-                                                  initializer=exit_with_parent)
+    signal.signal(signal.SIGINT, lambda *_: os._exit(130))
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    exit_with_parent()
 
 
 def load_in(clients: concurrent.futures.Executor | None, *args, **kwargs) -> tuple[list, float]:
@@ -455,12 +470,17 @@ def main(argv: list[str] | None = None) -> list[dict]:
     if not 0 <= args.disconnect_fraction <= 1:
         parser.error(f"--disconnect-fraction must be in [0, 1], got {args.disconnect_fraction}")
     check_alternate(args, parser)
-    results = []
-    for milestone in (args.milestone.split(",") if args.milestone else [None]):
-        result = run_target(args, parser, milestone)
-        if not args.no_save:
-            print(f"wrote {save(result, args.out_dir)}", flush=True)
-        results.append(result)
+    results, targets = [], args.milestone.split(",") if args.milestone else [None]
+    try:
+        for milestone in targets:
+            result = run_target(args, parser, milestone)
+            if not args.no_save:
+                print(f"wrote {save(result, args.out_dir)}", flush=True)
+            results.append(result)
+    except KeyboardInterrupt:  # run_target has stopped its server, engines and workers on the way out
+        print(f"interrupted: {len(results)} of {len(targets)} targets finished (saved, unless --no-save); the one "
+              "running was not saved", file=sys.stderr, flush=True)
+        raise SystemExit(130) from None
     return results
 
 

@@ -273,6 +273,20 @@ def children_of(pid: int) -> list[int]:
     return found
 
 
+def session_members(session: int) -> list[int]:
+    """Live processes of a session (Linux: from /proc), wherever they were reparented."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[3]) == session and fields[0] != "Z":
+                found.append(int(entry.name))
+    return found
+
+
 def is_gone(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
@@ -320,6 +334,35 @@ def test_stopping_the_server_leaves_no_core_and_no_port(how, tokenizer_cache):
     wait_for(lambda: all(map(is_gone, children)), "every process the server started is gone", timeout_s=60)
     with socket.socket() as sock:  # the port is free again
         sock.bind(("127.0.0.1", port))
+
+
+def _default_sigint_and_end_with_this_process() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)  # a test runner's worker may ignore SIGINT, and a child inherits that
+    end_with_this_process()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_ctrl_c_stops_the_online_benchmark_in_one_line_and_leaves_no_process(tokenizer_cache):
+    """Ctrl-C reaches the benchmark's whole process group (a terminal's): it stops with exit code 130 and one line
+    on stderr, no traceback from it or its workers, and its engine core and clients' worker are gone."""
+    command = [sys.executable, "-m", "benchmarks.online", "--milestone", "m11", "--model", "tiny", "--device", "cpu",
+               "--workload", "offline", "--max-requests", "16", "--rates", "0.5", "--no-save", "--no-progress"]
+    bench = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             start_new_session=True, preexec_fn=_default_sigint_and_end_with_this_process)
+    try:
+        # The offline engine is built; the clients' worker runs; the server's engine core may be starting: Ctrl-C
+        # may come at any point from here on (the stream of 16 requests at 0.5/s lasts half a minute).
+        assert "m11_engine_core" in bench.stdout.readline()
+        os.killpg(bench.pid, signal.SIGINT)
+        _, stderr = bench.communicate(timeout=TIMEOUT_S)
+        assert bench.returncode == 130, stderr
+        assert "Traceback" not in stderr and "interrupted: 0 of 1 targets finished" in stderr, stderr
+        wait_for(lambda: not session_members(bench.pid), "every process the benchmark started is gone", timeout_s=60)
+    finally:
+        if bench.poll() is None:
+            os.killpg(bench.pid, signal.SIGKILL)
+            bench.wait()
 
 
 def test_online_alternate_compares_each_burst_with_an_offline_run_just_before(tmp_path, tokenizer_cache,

@@ -26,6 +26,7 @@ process of the group; the core ignores it and lets the front end shut it down in
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing
 import multiprocessing.connection
@@ -108,6 +109,7 @@ def run_engine_core(engine_class, config, input_address: str, output_address: st
     ``--threads``): a CPU engine that spreads over more cores than it has to itself waits on the slowest."""
     torch.set_num_threads(num_threads)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the front end decides when to stop
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # blocked since birth (born_holding_ctrl_c)
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))  # the runtime kills us: nothing to save
     exit_with_parent(socket_folder=None if input_address.startswith("ipc://@") else
                       input_address.removeprefix("ipc://").rsplit("/", 1)[0])
@@ -136,6 +138,18 @@ def run_engine_core(engine_class, config, input_address: str, output_address: st
         inputs.close(linger=0)
         outputs.close()
         context.term()
+
+
+@contextlib.contextmanager
+def born_holding_ctrl_c():
+    """Processes started inside are born with SIGINT blocked, as multiprocessing's own resource tracker is: a Ctrl-C
+    while one is still importing (seconds) waits for it to say what SIGINT means to it, then unblock; otherwise
+    it would die mid-import with a traceback of its own. Here a Ctrl-C waits only as long as ``start()`` takes."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def exit_with_parent(socket_folder: str | None = None) -> None:

@@ -33,7 +33,7 @@ import msgspec
 import torch
 import zmq
 
-from .core import run_engine_core
+from .core import born_holding_ctrl_c, run_engine_core
 from .messages import CoreFailed, CoreLimits, CoreReady, FromCore, ToCore
 
 STARTUP_POLL_S = 0.1
@@ -57,7 +57,8 @@ class EngineCoreProcess:
             self.process = spawn.Process(target=run_engine_core, name="nanoserve-engine-core",
                                          args=(engine_class, config, input_address, output_address,
                                                torch.get_num_threads()))
-            self.process.start()
+            with born_holding_ctrl_c():  # the core unblocks it once it ignores it: Ctrl-C is the front end's
+                self.process.start()
         except BaseException:
             # Closed here, not left to the garbage collector: a context collected in a cycle with its open
             # sockets (an exception's traceback makes one) waits in zmq_ctx_term for them forever.
