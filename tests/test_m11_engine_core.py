@@ -259,8 +259,8 @@ def test_a_core_that_cannot_be_started_leaves_its_sockets_closed(monkeypatch):
 # --------------------------------------------------------------------------- the server's process and the core's
 
 
-def children_of(pid: int) -> list[int]:
-    """Live child processes of ``pid`` (Linux: from /proc)."""
+def live_processes(field: int, value: int) -> list[int]:
+    """Live processes whose /proc stat field ``field`` (after the name: 1 parent, 3 session) is ``value`` (Linux)."""
     found = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -268,23 +268,18 @@ def children_of(pid: int) -> list[int]:
                 fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
             except OSError:
                 continue
-            if int(fields[1]) == pid and fields[0] != "Z":
+            if int(fields[field]) == value and fields[0] != "Z":
                 found.append(int(entry.name))
     return found
+
+
+def children_of(pid: int) -> list[int]:
+    return live_processes(1, pid)
 
 
 def session_members(session: int) -> list[int]:
-    """Live processes of a session (Linux: from /proc), wherever they were reparented."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[3]) == session and fields[0] != "Z":
-                found.append(int(entry.name))
-    return found
+    """Live processes of a session, wherever they were reparented."""
+    return live_processes(3, session)
 
 
 def is_gone(pid: int) -> bool:
