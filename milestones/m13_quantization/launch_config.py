@@ -29,9 +29,9 @@ GEMV_MAX_M = 4
 SMALL_MAX_M = 32
 LARGE_MAX_M = 512
 MAX_SPLIT_K = 16
-GEMV_PROGRAMS_PER_SM = 1  # gemv: programs the table's launch aims for per SM (each has 3 tiles in flight)
-GEMV_MIN_BLOCK_N = 8  # ...halving block_n down to this many rows of W per program
-GEMV_WARPS_PER_SM = 4  # int4's words kernel (1 warp a program) only where N gives it this many warps per SM
+GEMV_PROGRAMS_PER_SM = 2  # gemv: programs the table's launch aims for per SM (each has 3-4 tiles in flight)...
+GEMV_MIN_BLOCK_N = 8  # ...halving block_n down to this many rows of W per program, or...
+GEMV_LONG_ROWS_K = 8192  # ...for rows at least this long, int4's "gemv long rows": K cut into slices
 
 
 @dataclass(frozen=True)
@@ -86,11 +86,11 @@ def regime(m: int) -> str:
     return "small" if m <= SMALL_MAX_M else "large" if m <= LARGE_MAX_M else "prefill"
 
 
-# One configuration per method and regime. gemv: measured on the H200 (quant_bench --gemv-grid, the best geometric
-# mean over Qwen3-8B's five shapes at batch 1 and 4 of 36 crossed candidates: results/h200/quant_bench+gemv-grid.json):
-# int8 8 rows x 512 inputs per step with 2 warps, int4 16 rows x 2 groups with 4 warps, both 4 stages deep (more
-# tiles in flight per program beat more programs). The tensor-core regimes keep their design defaults (pending a
-# full quant_bench run). Compiled for sm_90 (tests/compile_m13_for_gpu.py --registers), nothing spills.
+# One configuration per method and regime. gemv: measured on the H200 at Qwen3-8B's five shapes, batch 1. int8
+# (quant_bench --gemv-grid, results/h200/quant_bench+gemv-grid.json): 8 rows x 512 inputs per step with 2 warps,
+# 4 stages deep. int4 (results/h200/int4_gemv_grid.json): the words kernel with one warp of 16 rows, 4 stages deep;
+# down_proj's long rows with 32 rows a program and K in slices. The tensor-core regimes keep their design defaults
+# (pending a full quant_bench run). Compiled for sm_90 (tests/compile_m13_for_gpu.py --registers), nothing spills.
 LAUNCH_TABLE: dict[str, dict[str, QuantMatmulConfig]] = {
     "int8": {
         "gemv": QuantMatmulConfig("gemv", block_n=8, block_k=512, num_warps=2, num_stages=4),
@@ -99,9 +99,9 @@ LAUNCH_TABLE: dict[str, dict[str, QuantMatmulConfig]] = {
         "prefill": QuantMatmulConfig("dot", block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=3),
     },
     "int4": {
-        "gemv": QuantMatmulConfig("gemv", block_n=32, block_k=256, num_warps=1, num_stages=3),
-        "gemv narrow": QuantMatmulConfig("gemv", block_n=16, block_k=256, num_warps=4, num_stages=4,
-                                         unpack="magic"),
+        "gemv": QuantMatmulConfig("gemv", block_n=16, block_k=256, num_warps=1, num_stages=4),
+        "gemv long rows": QuantMatmulConfig("gemv", block_n=32, block_k=256, num_warps=1, num_stages=3,
+                                            min_programs_per_sm=3),
         "small": QuantMatmulConfig("dot", block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=4),
         "large": QuantMatmulConfig("dot", block_m=64, block_n=128, block_k=128, num_warps=4, num_stages=3),
         "prefill": QuantMatmulConfig("dot", block_m=64, block_n=128, block_k=128, num_warps=4, num_stages=3),
@@ -172,21 +172,20 @@ def choose_split_k(m: int, n: int, k: int, num_sms: int, config: QuantMatmulConf
     return max(1, min(wanted, k // config.block_k, MAX_SPLIT_K))
 
 
-def gemv_for_shape(config: QuantMatmulConfig, n: int, num_sms: int,
-                   narrow: QuantMatmulConfig | None = None) -> QuantMatmulConfig:
-    """``gemv`` fitted to N: the ``narrow`` configuration where ``config`` would give the SMs too few warps, and
-    fewer rows per program where N would leave an SM without a program.
+def gemv_for_shape(config: QuantMatmulConfig, n: int, k: int, num_sms: int,
+                   long_rows: QuantMatmulConfig | None = None) -> QuantMatmulConfig:
+    """``gemv`` fitted to the shape, so that every SM has ``GEMV_PROGRAMS_PER_SM`` programs' loads in flight.
 
-    int4's words kernel runs one warp per program, each thread with several rows (every input it loads serves
-    them all): its instructions are few, but a layer with N = 4,096 gives it 128 warps for 132 SMs, too few
-    loads in flight to stream. Below ``GEMV_WARPS_PER_SM`` warps per SM it gives way to ``narrow`` (the bytes
-    kernel, 4 warps of 16 rows): on the H200 at batch 1 the words kernel won on gate_up_proj (N = 24,576) and
-    the LM head, the bytes kernel on q/k/v, o_proj and down_proj (results/h200/quant_bench+gemv-grid-words.json).
-    Then ``block_n`` is halved while N gives fewer than one program per SM: Qwen3-0.6B's o_proj (N = 1,024) gets
-    128 programs of 8 rows, with no extra launches (split-K's float32 output must be zeroed and cast).
+    int4's words kernel runs one warp per program: a layer with N = 4,096 at 16 rows a program gives 256 programs
+    for 132 SMs, too few loads in flight to stream. Long rows (K >= ``GEMV_LONG_ROWS_K``: down_proj) take
+    ``long_rows``: more rows per program, with K cut into slices (``choose_split_k``), so each input a program
+    loads and unpacks serves more rows. Shorter rows (o_proj) get fewer rows per program instead: a split adds two
+    launches (the float32 output zeroed, then cast), which a short matmul does not earn back. On the H200
+    (results/h200/int4_gemv_grid.json, batch 1): down_proj 15.9 us split against 19.2 us in rows of 8, o_proj
+    7.9 us in rows of 8 against 9.1 us split. Qwen3-0.6B's o_proj (N = 1,024) gets 128 programs of 8 rows.
     """
-    if narrow is not None and -(-n // config.block_n) * config.num_warps < GEMV_WARPS_PER_SM * num_sms:
-        config = narrow
+    if long_rows is not None and k >= GEMV_LONG_ROWS_K and -(-n // config.block_n) < GEMV_PROGRAMS_PER_SM * num_sms:
+        return long_rows
     block_n = config.block_n
     while block_n > GEMV_MIN_BLOCK_N and -(-n // block_n) < GEMV_PROGRAMS_PER_SM * num_sms:
         block_n //= 2
@@ -199,5 +198,5 @@ def choose_launch(method: str, m: int, n: int, k: int, num_sms: int,
     fitted to N by ``gemv_for_shape``)."""
     config = table[method][regime(m)]
     if config.kernel == "gemv":
-        config = gemv_for_shape(config, n, num_sms, table[method].get("gemv narrow"))
+        config = gemv_for_shape(config, n, k, num_sms, table[method].get("gemv long rows"))
     return config, choose_split_k(m, n, k, num_sms, config)
