@@ -30,9 +30,11 @@ import httpx
 
 from milestones.common.demo import HelpFormatter, non_negative_int, positive_int, positive_rate
 from milestones.common.latency import summarize as summarize_offline
+from milestones.m11_engine_core.core import born_holding_ctrl_c, exit_with_parent
 
 from .env import REPO_ROOT, environment, write_json
 from .harness import ensure_tokenizer, free_memory
+from .load_client import run_load, summarize
 from .runners import resolve_milestone_module, sync
 from .workloads import PROMPT_VOCAB, WORKLOADS, RequestSpec, get_workload
 
@@ -114,16 +116,12 @@ def settled_engine_metrics(url: str, timeout_s: float = 120.0) -> dict:
 
 def _load(url: str, model: str, requests: list, rate: float, **kwargs) -> tuple[list, float]:
     """One load run (``load_client.run_load``): a top-level function, so that a worker process can run it."""
-    from .load_client import run_load
-
     return asyncio.run(run_load(url, model, requests, rate, **kwargs))
 
 
 def spawned_pool() -> concurrent.futures.ProcessPoolExecutor:
     """One worker process (the clients', or --alternate's offline engine): spawned, not forked (this process holds
     CUDA and threads), started now, and gone when this process is, however it ends."""
-    from milestones.m11_engine_core.core import born_holding_ctrl_c
-
     pool = concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
                                                   initializer=_start_worker)
     with born_holding_ctrl_c():
@@ -134,8 +132,6 @@ def spawned_pool() -> concurrent.futures.ProcessPoolExecutor:
 def _start_worker() -> None:
     """A worker ends with this process (m11's ``exit_with_parent``), and at once on Ctrl-C, which a terminal sends
     the whole group: without a traceback of its own, since this process reports the interruption."""
-    from milestones.m11_engine_core.core import exit_with_parent
-
     signal.signal(signal.SIGINT, lambda *_: os._exit(130))
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     exit_with_parent()
@@ -149,8 +145,6 @@ def load_in(clients: concurrent.futures.Executor | None, *args, **kwargs) -> tup
 def rate_runs(url: str, model: str, specs: list[RequestSpec], rates: list[float], seed: int,
               progress: bool, clients: concurrent.futures.Executor | None = None, first_variant: int = 1) -> list:
     """One run per rate, run i sending prompt variant ``first_variant + i`` (variant 0 is the offline reference's)."""
-    from .load_client import summarize
-
     runs = []
     for i, rate in enumerate(rates):
         label = "burst" if math.isinf(rate) else f"{rate:g}/s"
@@ -185,8 +179,6 @@ def throughput_at_ttft_targets(runs: list[dict]) -> dict[str, dict | None]:
 def reliability_run(url: str, model: str, requests: list, disconnect_fraction: float, seed: int, progress: bool,
                     clients: concurrent.futures.Executor | None = None) -> dict:
     """All requests at once, some clients hanging up; then: are the blocks back, does the server answer?"""
-    from .load_client import summarize
-
     results, wall = load_in(clients, url, model, requests, math.inf, seed=seed, progress=progress,
                             disconnect_fraction=disconnect_fraction, desc="reliability")
     summary = summarize(results, wall)
