@@ -33,13 +33,11 @@ from milestones.common.latency import summarize as summarize_offline
 from milestones.m11_engine_core.core import born_holding_ctrl_c, exit_with_parent
 
 from .env import REPO_ROOT, environment, write_json
-from .harness import ensure_tokenizer, free_memory
+from .harness import DEFAULT_MODEL, ensure_tokenizer, free_memory
 from .load_client import run_load, summarize
 from .runners import resolve_milestone_module, sync
 from .workloads import PROMPT_VOCAB, WORKLOADS, RequestSpec, get_workload
 
-SCHEMA_VERSION = 1
-DEFAULT_MODEL = "qwen3-0.6b-random"
 WARMUP_REQUESTS = [([1000, 2000, 3000, 4000, 5000, 6000, 7000, 8000], 4)] * 2
 
 
@@ -213,7 +211,7 @@ def _fmt(value: float | None) -> str:
 def run_target(args: argparse.Namespace, parser: argparse.ArgumentParser, milestone: str | None) -> dict:
     """Benchmark one target (a milestone served here, or ``args.url``) in the chosen mode; returns the result."""
     workload, specs = load_requests(args)
-    result = {"schema_version": SCHEMA_VERSION, "kind": "online", "status": "ok",
+    result = {"schema_version": 1, "kind": "online", "status": "ok",
               "mode": "reliability" if args.reliability else "rates",
               "milestone": None, "url": args.url, "model": args.model, "workload": workload,
               "max_tokens_cap": args.max_tokens, "prompt_variants": VARIANTS_NOTE, "engine_config": None,
