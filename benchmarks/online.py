@@ -423,7 +423,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--offline-reference", action="store_true",
                         help="first run the same requests offline through the same engine (in-process only)")
     parser.add_argument("--alternate", type=positive_int, default=1, metavar="N",
-                        help="m11 on, with --offline-reference, --rates inf and a K/V size: offline, burst, ... N times")
+                        help="m11 on, with --offline-reference, --rates inf, a K/V size: offline, burst, ... N times")
     parser.add_argument("--reliability", action="store_true", help="the disconnect run instead of the rates")
     parser.add_argument("--num-requests", type=int, default=512, help="reliability: concurrent streams")
     parser.add_argument("--disconnect-fraction", type=float, default=0.1, help="reliability: share that hangs up")
