@@ -20,10 +20,12 @@ import time
 from pathlib import Path
 from queue import Empty
 
+import httpx
 import torch
 
 from milestones.common.http_guards import DEFAULT_MAX_REQUEST_BODY_MB
 from milestones.common.latency import percentile
+from milestones.m11_engine_core.core import exit_with_parent
 
 MODEL = "tiny"
 BODY_LIMIT = int(DEFAULT_MAX_REQUEST_BODY_MB * 2**20)  # serve's default
@@ -55,11 +57,7 @@ class LoopLag:
 
 def hostile_client(url: str, name: str, ready, go, out) -> None:
     """Build one hostile request, say ``ready``, send it on ``go``; put (sent, answered, status, message) in ``out``."""
-    import httpx
-
-    from milestones.m11_engine_core.core import exit_with_parent
     exit_with_parent()  # a benchmark killed outright leaves no client behind
-
     content = b'{"model": "tiny", "prompt": "' + b"a" * (30_000_000 - 40) + b'"}'
     if name == "chunked":
         body = content  # the generator reads ``body``: ``content`` is the generator itself by then
@@ -81,12 +79,8 @@ def hostile_client(url: str, name: str, ready, go, out) -> None:
 
 
 def probes(url: str, max_tokens: int, ready, stop, out) -> None:
-    """The stream and the health prober, until ``stop``; put (chunk times, [(sent, latency)]) in ``out``."""
-    import httpx
-
-    from milestones.m11_engine_core.core import exit_with_parent
+    """The stream (a thread) and the health prober, until ``stop``; put (chunk times, [(sent, latency)]) in ``out``."""
     exit_with_parent()  # a benchmark killed outright leaves no prober behind
-
     chunk_times, health = [], []
 
     def stream() -> None:
@@ -99,19 +93,15 @@ def probes(url: str, max_tokens: int, ready, stop, out) -> None:
                 if stop.is_set():
                     return
 
-    def probe() -> None:
-        with httpx.Client(timeout=120) as client:
-            while not stop.is_set():
-                sent = time.perf_counter()
-                client.get(f"{url}/health").raise_for_status()
-                health.append((sent, time.perf_counter() - sent))
-                time.sleep(0.01)
-
-    threads = [threading.Thread(target=stream), threading.Thread(target=probe)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    streamer = threading.Thread(target=stream)
+    streamer.start()
+    with httpx.Client(timeout=120) as client:
+        while not stop.is_set():
+            sent = time.perf_counter()
+            client.get(f"{url}/health").raise_for_status()
+            health.append((sent, time.perf_counter() - sent))
+            time.sleep(0.01)
+    streamer.join()
     out.put((chunk_times, health))
 
 

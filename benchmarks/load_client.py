@@ -10,6 +10,7 @@ aiohttp, as in vLLM's serving benchmark: httpx's async client cost m11's bursts 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import math
 import random
@@ -35,9 +36,6 @@ class RequestResult:
     output_tokens: int | None = None  # from the usage chunk
     prompt_tokens: int | None = None
     cached_tokens: int | None = None
-    finish_reason: str | None = None
-    text: str = ""  # only when asked to collect it
-    status_code: int | None = None
     error: str | None = None
     disconnected: bool = False  # the client hung up on purpose
 
@@ -46,53 +44,36 @@ class RequestResult:
         return self.error is None and not self.disconnected
 
     @property
-    def ttft(self) -> float | None:
-        return self.chunk_times[0] - self.send_time if self.chunk_times else None
-
-    @property
-    def inter_token_latencies(self) -> list[float]:
-        return [b - a for a, b in zip(self.chunk_times, self.chunk_times[1:])]
-
-    @property
-    def e2e(self) -> float:
-        return self.end_time - self.send_time
-
-    @property
     def full_length(self) -> bool:
         return self.ok and self.output_tokens == self.max_tokens
 
 
-async def stream_completion(session: aiohttp.ClientSession, url: str, model: str | None, prompt: str | Sequence[int],
-                            max_tokens: int, temperature: float = 0.0, ignore_eos: bool = True,
-                            disconnect_after: int | None = None, collect_text: bool = False) -> RequestResult:
-    """One streamed completion; ``disconnect_after=k`` hangs up after k chunks (0: before the first)."""
-    body = {"prompt": prompt if isinstance(prompt, str) else list(prompt), "max_tokens": max_tokens,
-            "temperature": temperature, "ignore_eos": ignore_eos, "stream": True,
-            "stream_options": {"include_usage": True}}
-    if model is not None:
-        body["model"] = model
+async def stream_completion(session: aiohttp.ClientSession, url: str, model: str, prompt: str | Sequence[int],
+                            max_tokens: int, disconnect_after: int | None = None) -> RequestResult:
+    """One streamed greedy completion of ``max_tokens`` (``ignore_eos``); ``disconnect_after=k`` hangs up after k
+    chunks (0: before the first)."""
+    body = {"model": model, "prompt": prompt if isinstance(prompt, str) else list(prompt), "max_tokens": max_tokens,
+            "temperature": 0.0, "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
     result = RequestResult(max_tokens, time.perf_counter())
     try:
         async with session.post(f"{url}/v1/completions", json=body) as response:
-            result.status_code = response.status
             if response.status != 200:
                 result.error = f"HTTP {response.status}: {(await response.read()).decode(errors='replace')[:300]}"
             elif disconnect_after == 0:
                 result.disconnected = True
             else:
-                await _read_events(response, result, disconnect_after, collect_text)
+                await _read_events(response, result, disconnect_after)
             if result.disconnected:
                 response.close()  # hang up: the connection closes mid-stream, as a client that went away
     except (aiohttp.ClientError, asyncio.TimeoutError) as error:
         result.error = f"{type(error).__name__}: {error}"
     result.end_time = time.perf_counter()
-    if result.error is None and not result.disconnected and result.output_tokens is None:
+    if result.ok and result.output_tokens is None:
         result.error = "the stream ended without its usage chunk"
     return result
 
 
-async def _read_events(response: aiohttp.ClientResponse, result: RequestResult, disconnect_after: int | None,
-                       collect_text: bool) -> None:
+async def _read_events(response: aiohttp.ClientResponse, result: RequestResult, disconnect_after: int | None) -> None:
     async for raw in response.content:  # one line at a time
         line = raw.decode()
         if not line.startswith("data:"):
@@ -101,20 +82,15 @@ async def _read_events(response: aiohttp.ClientResponse, result: RequestResult, 
         if payload == "[DONE]":
             return
         now = time.perf_counter()
-        # Most chunks are mid-stream tokens: time them without parsing, unless their text is wanted.
-        if '"finish_reason":null' in payload and not collect_text:
+        if '"finish_reason":null' in payload:  # most chunks are mid-stream tokens: timed without parsing
             result.chunk_times.append(now)
         else:
             event = json.loads(payload)
             if "error" in event:
                 result.error = f"error event: {event['error'].get('message')}"
                 return
-            for choice in event.get("choices") or []:
-                result.chunk_times.append(now)
-                result.text += choice.get("text") or ""
-                result.finish_reason = choice.get("finish_reason") or result.finish_reason
-            if event.get("usage"):
-                usage = event["usage"]
+            result.chunk_times += [now] * len(event.get("choices") or [])
+            if usage := event.get("usage"):
                 result.output_tokens, result.prompt_tokens = usage["completion_tokens"], usage["prompt_tokens"]
                 result.cached_tokens = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
         if disconnect_after is not None and len(result.chunk_times) >= disconnect_after:
@@ -123,22 +99,18 @@ async def _read_events(response: aiohttp.ClientResponse, result: RequestResult, 
     result.error = "the connection closed before [DONE]"
 
 
-def client_session(timeout_s: float | None = None) -> aiohttp.ClientSession:
-    """A session for any number of concurrent streams (no pool limit), each given ``timeout_s`` (None: no limit)."""
-    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
-                                 timeout=aiohttp.ClientTimeout(total=timeout_s))
-
-
-async def run_load(url: str, model: str | None, requests: Sequence[tuple[str | Sequence[int], int]], rate: float,
-                   seed: int = 0, disconnect_fraction: float = 0.0, collect_text: bool = False,
-                   progress: bool = True, desc: str = "requests") -> tuple[list[RequestResult], float]:
+async def run_load(url: str, model: str, requests: Sequence[tuple[str | Sequence[int], int]], rate: float,
+                   seed: int = 0, disconnect_fraction: float = 0.0, progress: bool = True, desc: str = "requests",
+                   timeout_s: float | None = None) -> tuple[list[RequestResult], float]:
     """Send ``requests`` ((prompt, max_tokens) pairs) at ``rate`` per second; returns results in order and wall s.
 
     ``rate=math.inf`` sends them all at once. With ``disconnect_fraction`` that share of clients (chosen with
-    ``seed``) hangs up after a random number of chunks, from 0 (before any token) to ``max_tokens - 1``.
+    ``seed``) hangs up after a random number of chunks, from 0 (before any token) to ``max_tokens - 1``. Any number
+    of streams at once (no pool limit), each given ``timeout_s`` (None: no limit).
     """
     rng = random.Random(seed)
-    async with client_session() as session:
+    connector, timeout = aiohttp.TCPConnector(limit=0), aiohttp.ClientTimeout(total=timeout_s)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         with tqdm(total=len(requests), desc=desc, unit="req", disable=not progress) as bar:
             start = time.perf_counter()
             arrival, tasks = start, []
@@ -147,8 +119,7 @@ async def run_load(url: str, model: str | None, requests: Sequence[tuple[str | S
                     arrival += rng.expovariate(rate)
                     await asyncio.sleep(max(0.0, arrival - time.perf_counter()))
                 hang_up = rng.randint(0, max(0, max_tokens - 1)) if rng.random() < disconnect_fraction else None
-                task = asyncio.create_task(stream_completion(session, url, model, prompt, max_tokens,
-                                                             disconnect_after=hang_up, collect_text=collect_text))
+                task = asyncio.create_task(stream_completion(session, url, model, prompt, max_tokens, hang_up))
                 task.add_done_callback(lambda _: bar.update(1))
                 tasks.append(task)
             results = list(await asyncio.gather(*tasks))
@@ -158,9 +129,9 @@ async def run_load(url: str, model: str | None, requests: Sequence[tuple[str | S
 def summarize(results: Sequence[RequestResult], wall_s: float) -> dict:
     """Counts, throughput and latency percentiles (seconds) over the requests that completed."""
     done = [r for r in results if r.ok]
-    ttfts = [r.ttft for r in done if r.ttft is not None]
-    itls = [gap for r in done for gap in r.inter_token_latencies]
-    e2es = [r.e2e for r in done]
+    ttfts = [r.chunk_times[0] - r.send_time for r in done if r.chunk_times]
+    itls = [b - a for r in done for a, b in itertools.pairwise(r.chunk_times)]
+    e2es = [r.end_time - r.send_time for r in done]
     output_tokens = sum(r.output_tokens or 0 for r in done)
     return {"num_requests": len(results), "completed": len(done),
             "completed_full_length": sum(r.full_length for r in results),

@@ -28,17 +28,17 @@ from pathlib import Path
 
 import httpx
 
-from milestones.common.demo import HelpFormatter, non_negative_int, positive_int
+from milestones.common.demo import HelpFormatter, non_negative_int, positive_int, positive_rate
 from milestones.common.latency import summarize as summarize_offline
+from milestones.m11_engine_core.core import born_holding_ctrl_c, exit_with_parent
 
 from .env import REPO_ROOT, environment, write_json
-from .harness import ensure_tokenizer, free_memory
+from .harness import DEFAULT_MODEL, ensure_tokenizer, free_memory
+from .load_client import run_load, summarize
 from .runners import resolve_milestone_module, sync
 from .workloads import PROMPT_VOCAB, WORKLOADS, RequestSpec, get_workload
 
-SCHEMA_VERSION = 1
-DEFAULT_MODEL = "qwen3-0.6b-random"
-WARMUP_REQUESTS = [((1000, 2000, 3000, 4000, 5000, 6000, 7000, 8000), 4)] * 2
+WARMUP_REQUESTS = [([1000, 2000, 3000, 4000, 5000, 6000, 7000, 8000], 4)] * 2
 
 
 # Run k sends variant k of the prompts (ids shifted by k * VARIANT_STRIDE): the same work, and no run served from
@@ -54,18 +54,18 @@ def variant(prompt: tuple[int, ...] | list[int], k: int) -> list[int]:
     return [(t + k * VARIANT_STRIDE) % PROMPT_VOCAB for t in prompt]
 
 
-def load_requests(workload_name: str, seed: int, max_requests: int | None, num_requests: int | None,
-                  max_tokens: int | None) -> tuple[dict, list[RequestSpec]]:
-    """(workload description, its requests): sliced to ``max_requests``, cycled to ``num_requests``, capped."""
-    workload = get_workload(workload_name, seed)
-    if max_requests is not None:
-        workload = workload.sliced(max_requests, f"--max-requests {max_requests}")
+def load_requests(args: argparse.Namespace) -> tuple[dict, list[RequestSpec]]:
+    """(workload description, its requests): sliced to ``--max-requests``, cycled to ``--num-requests`` (for
+    ``--reliability``), capped at ``--max-tokens``."""
+    workload = get_workload(args.workload, args.workload_seed)
+    if args.max_requests is not None:
+        workload = workload.sliced(args.max_requests, f"--max-requests {args.max_requests}")
     specs: list[RequestSpec] = workload.requests
-    if num_requests is not None:  # cycle k of the workload is its variant k
+    if args.reliability:  # cycle k of the workload is its variant k
         specs = [RequestSpec(tuple(variant(specs[i % len(specs)].prompt_token_ids, i // len(specs))),
-                             specs[i % len(specs)].max_tokens) for i in range(num_requests)]
-    if max_tokens is not None:
-        specs = [RequestSpec(s.prompt_token_ids, min(s.max_tokens, max_tokens), s.group) for s in specs]
+                             specs[i % len(specs)].max_tokens) for i in range(args.num_requests)]
+    if args.max_tokens is not None:
+        specs = [RequestSpec(s.prompt_token_ids, min(s.max_tokens, args.max_tokens), s.group) for s in specs]
     return workload.describe(), specs
 
 
@@ -92,23 +92,19 @@ ENGINE_METRICS = ("num_requests_running", "num_requests_waiting", "kv_cache_bloc
                   "num_preemptions_total", "prefix_cache_queries_total", "prefix_cache_hits_total")
 
 
-def engine_metrics(url: str) -> dict:
-    """The engine's figures on the server's /metrics (``nanoserve_<name>``); None where it has none."""
+def settled_engine_metrics(url: str, timeout_s: float = 120.0) -> dict:
+    """The engine's figures on the server's /metrics (``nanoserve_<name>``; None where it has none) once the engine
+    is idle (nothing running or waiting, every K/V block free), or as they are after ``timeout_s``. The engine
+    thread publishes what /metrics shows after each step and each abort, so a scrape taken the moment the last
+    client has its answer may still show the step before."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    response = httpx.get(f"{url}/metrics", timeout=30)
-    families = text_string_to_metric_families(response.text) if response.status_code == 200 else ()
-    values = {sample.name: sample.value for family in families for sample in family.samples if not sample.labels}
-    return {key: values.get(f"nanoserve_{key}") for key in ENGINE_METRICS}
-
-
-def settled_engine_metrics(url: str, timeout_s: float = 120.0) -> dict:
-    """``engine_metrics`` once the engine is idle (nothing running or waiting, every K/V block free), or as they
-    are after ``timeout_s``. The engine thread publishes what /metrics shows after each step and each abort, so a
-    scrape taken the moment the last client has its answer may still show the step before."""
     deadline = time.perf_counter() + timeout_s
     while True:
-        after = engine_metrics(url)
+        response = httpx.get(f"{url}/metrics", timeout=30)
+        families = text_string_to_metric_families(response.text) if response.status_code == 200 else ()
+        values = {sample.name: sample.value for family in families for sample in family.samples if not sample.labels}
+        after = {key: values.get(f"nanoserve_{key}") for key in ENGINE_METRICS}
         idle = (after["num_requests_running"] == after["num_requests_waiting"] == 0
                 and after["kv_cache_blocks_free"] == after["kv_cache_blocks_total"])
         if after["num_requests_running"] is None or idle or time.perf_counter() > deadline:  # None: not nanoserve
@@ -116,18 +112,14 @@ def settled_engine_metrics(url: str, timeout_s: float = 120.0) -> dict:
         time.sleep(0.1)
 
 
-def _load(url: str, model: str | None, requests: list, rate: float, **kwargs) -> tuple[list, float]:
+def _load(url: str, model: str, requests: list, rate: float, **kwargs) -> tuple[list, float]:
     """One load run (``load_client.run_load``): a top-level function, so that a worker process can run it."""
-    from .load_client import run_load
-
     return asyncio.run(run_load(url, model, requests, rate, **kwargs))
 
 
 def spawned_pool() -> concurrent.futures.ProcessPoolExecutor:
     """One worker process (the clients', or --alternate's offline engine): spawned, not forked (this process holds
     CUDA and threads), started now, and gone when this process is, however it ends."""
-    from milestones.m11_engine_core.core import born_holding_ctrl_c
-
     pool = concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
                                                   initializer=_start_worker)
     with born_holding_ctrl_c():
@@ -138,8 +130,6 @@ def spawned_pool() -> concurrent.futures.ProcessPoolExecutor:
 def _start_worker() -> None:
     """A worker ends with this process (m11's ``exit_with_parent``), and at once on Ctrl-C, which a terminal sends
     the whole group: without a traceback of its own, since this process reports the interruption."""
-    from milestones.m11_engine_core.core import exit_with_parent
-
     signal.signal(signal.SIGINT, lambda *_: os._exit(130))
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     exit_with_parent()
@@ -150,11 +140,9 @@ def load_in(clients: concurrent.futures.Executor | None, *args, **kwargs) -> tup
     return _load(*args, **kwargs) if clients is None else clients.submit(_load, *args, **kwargs).result()
 
 
-def rate_runs(url: str, model: str | None, specs: list[RequestSpec], rates: list[float], seed: int,
+def rate_runs(url: str, model: str, specs: list[RequestSpec], rates: list[float], seed: int,
               progress: bool, clients: concurrent.futures.Executor | None = None, first_variant: int = 1) -> list:
     """One run per rate, run i sending prompt variant ``first_variant + i`` (variant 0 is the offline reference's)."""
-    from .load_client import summarize
-
     runs = []
     for i, rate in enumerate(rates):
         label = "burst" if math.isinf(rate) else f"{rate:g}/s"
@@ -186,24 +174,16 @@ def throughput_at_ttft_targets(runs: list[dict]) -> dict[str, dict | None]:
     return best
 
 
-def reliability_run(url: str, model: str | None, requests: list, disconnect_fraction: float, seed: int,
-                    progress: bool, clients: concurrent.futures.Executor | None = None,
-                    idle_timeout_s: float = 120.0) -> dict:
+def reliability_run(url: str, model: str, requests: list, disconnect_fraction: float, seed: int, progress: bool,
+                    clients: concurrent.futures.Executor | None = None) -> dict:
     """All requests at once, some clients hanging up; then: are the blocks back, does the server answer?"""
-    from .load_client import client_session, stream_completion, summarize
-
     results, wall = load_in(clients, url, model, requests, math.inf, seed=seed, progress=progress,
                             disconnect_fraction=disconnect_fraction, desc="reliability")
     summary = summarize(results, wall)
     start = time.perf_counter()
-    after = settled_engine_metrics(url, idle_timeout_s)  # aborts reach the engine between steps
-
-    async def one_more() -> bool:
-        async with client_session(timeout_s=60) as session:
-            result = await stream_completion(session, url, model, requests[0][0], 4)
-        return result.ok and result.output_tokens == 4
-
-    answers_after = asyncio.run(one_more())
+    after = settled_engine_metrics(url)  # aborts reach the engine between steps
+    (one_more,), _ = _load(url, model, [(requests[0][0], 4)], math.inf, progress=False, timeout_s=60)
+    answers_after = one_more.full_length
     expected_full = summary["num_requests"] - summary["disconnected"]
     free, total = after.get("kv_cache_blocks_free"), after.get("kv_cache_blocks_total")
     report = {"num_requests": summary["num_requests"], "disconnect_fraction": disconnect_fraction,
@@ -230,9 +210,8 @@ def _fmt(value: float | None) -> str:
 
 def run_target(args: argparse.Namespace, parser: argparse.ArgumentParser, milestone: str | None) -> dict:
     """Benchmark one target (a milestone served here, or ``args.url``) in the chosen mode; returns the result."""
-    workload, specs = load_requests(args.workload, args.workload_seed, args.max_requests,
-                                    args.num_requests if args.reliability else None, args.max_tokens)
-    result = {"schema_version": SCHEMA_VERSION, "kind": "online", "status": "ok",
+    workload, specs = load_requests(args)
+    result = {"schema_version": 1, "kind": "online", "status": "ok",
               "mode": "reliability" if args.reliability else "rates",
               "milestone": None, "url": args.url, "model": args.model, "workload": workload,
               "max_tokens_cap": args.max_tokens, "prompt_variants": VARIANTS_NOTE, "engine_config": None,
@@ -242,7 +221,7 @@ def run_target(args: argparse.Namespace, parser: argparse.ArgumentParser, milest
     server = engine = None
     # Untimed, before the offline reference and the server's runs, so that neither side's figures hold what an
     # engine does once (kernels compiled for shapes first met, memory first allocated): variant -1, sent by no run.
-    warmup = requests_of(specs[:args.warmup_requests], -1) or [(list(p), n) for p, n in WARMUP_REQUESTS]
+    warmup = requests_of(specs[:args.warmup_requests], -1) or WARMUP_REQUESTS
     result["warmup_requests"] = len(warmup)
     clients = None if args.clients == "thread" else spawned_pool()
     try:
@@ -284,17 +263,16 @@ def run_target(args: argparse.Namespace, parser: argparse.ArgumentParser, milest
         else:
             result["env"] = environment(None)
             url = args.url.rstrip("/")
-            model = args.served_model_name or httpx.get(f"{url}/v1/models", timeout=30).json()["data"][0]["id"]
+            model = httpx.get(f"{url}/v1/models", timeout=30).json()["data"][0]["id"]
         _warm_up(url, model, warmup)
         if args.reliability:
             result["reliability"] = reliability_run(url, model, requests_of(specs, 0), args.disconnect_fraction,
                                                     args.load_seed, not args.no_progress, clients)
         elif args.alternate > 1:
-            result["alternations"] = alternate_runs(engine, url, model, specs, args, clients, warmup)
-            first = result["alternations"][0]
-            result["offline_reference"], result["runs"] = first["offline_reference"], first["runs"]
-            result["throughput_at_ttft_p99_target"] = throughput_at_ttft_targets(result["runs"])
-            result.update(summarize_alternations(result["alternations"]))
+            result["alternations"] = pairs = alternate_runs(engine, url, model, specs, args, clients, warmup)
+            result.update(offline_reference=pairs[0]["offline_reference"], runs=pairs[0]["runs"],
+                          throughput_at_ttft_p99_target=throughput_at_ttft_targets(pairs[0]["runs"]),
+                          **summarize_alternations(pairs))
             print(f"burst / offline output tok/s: median of the pairs {result['burst_vs_offline']:.2f}, of the "
                   f"medians {result['burst_vs_offline_of_medians']:.2f}", flush=True)
         else:
@@ -317,13 +295,13 @@ def run_target(args: argparse.Namespace, parser: argparse.ArgumentParser, milest
     return result
 
 
-def alternate_runs(engine: "OfflineEngineProcess", url: str, model: str | None, specs: list[RequestSpec], args: argparse.Namespace,
-                   clients: concurrent.futures.Executor | None, warmup: list) -> list[dict]:
+def alternate_runs(engine: OfflineEngineProcess, url: str, model: str, specs: list[RequestSpec],
+                   args: argparse.Namespace, clients: concurrent.futures.Executor | None, warmup: list) -> list[dict]:
     """``--alternate N``: offline ``generate``, the burst, offline, the burst, ... N times, the offline engine
-    kept beside the server's (m11 on; each in a process of its own), so each burst is compared with an offline run seconds before it rather
-    than one before the server started (if the host's pace drifts, a pair's two runs share it; whether they do
-    is in ``offline_burst_correlation``). Each offline run sends a prompt variant of its own (-2, -3, ...: no
-    prefix-cache hits across runs). A burst with a failed or short request gives no ratio (None)."""
+    kept beside the server's (m11 on; each in a process of its own), so each burst is compared with an offline run
+    seconds before it rather than one before the server started (if the host's pace drifts, a pair's two runs share
+    it; whether they do is in ``offline_burst_correlation``). Each offline run sends a prompt variant of its own
+    (-2, -3, ...: no prefix-cache hits across runs). A burst with a failed or short request gives no ratio (None)."""
     alternations = []
     for j in range(args.alternate):
         offline = engine.reference(requests_of(specs, 0 if j == 0 else -(j + 1)), warmup if j == 0 else [])
@@ -405,7 +383,7 @@ def check_alternate(args: argparse.Namespace, parser: argparse.ArgumentParser) -
                          "its engine from a thread of the server's process")
 
 
-def _warm_up(url: str, model: str | None, requests: list) -> None:
+def _warm_up(url: str, model: str, requests: list) -> None:
     """``requests`` as one burst, untimed; then the engine's /metrics settle (the runs' figures start idle)."""
     failed = [r.error for r in _load(url, model, requests, math.inf, progress=False)[0] if not r.ok]
     if failed:
@@ -421,10 +399,8 @@ def save(result: dict, out_dir: Path) -> Path:
 
 
 def parse_rates(text: str) -> list[float]:
-    rates = [math.inf if r.strip() in ("inf", "burst") else float(r) for r in text.split(",") if r.strip()]
-    if not rates or any(r <= 0 for r in rates):
-        raise argparse.ArgumentTypeError(f"rates are positive numbers or inf, comma-separated; got {text!r}")
-    return rates
+    """argparse ``type=``: comma-separated request rates, each a number > 0 or ``inf`` (all at once)."""
+    return [positive_rate(rate) for rate in text.split(",")]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -434,8 +410,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      formatter_class=HelpFormatter)
     target = parser.add_mutually_exclusive_group(required=True)
     target.add_argument("--milestone", help="serve these milestones here, one after the other (m09,m10)")
-    target.add_argument("--url", help="benchmark a running OpenAI-compatible server instead")
-    parser.add_argument("--served-model-name", help="with --url: the model name to send (default: its first)")
+    target.add_argument("--url", help="benchmark a running OpenAI-compatible server instead (its first model)")
     parser.add_argument("--workload", default="offline", choices=WORKLOADS)
     parser.add_argument("--workload-seed", type=int, default=0)
     parser.add_argument("--max-requests", type=int, help="the workload's first N requests (default: all)")
@@ -448,7 +423,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--offline-reference", action="store_true",
                         help="first run the same requests offline through the same engine (in-process only)")
     parser.add_argument("--alternate", type=positive_int, default=1, metavar="N",
-                        help="m11 on, with --offline-reference, --rates inf and a K/V size: offline, burst, ... N times")
+                        help="m11 on, with --offline-reference, --rates inf, a K/V size: offline, burst, ... N times")
     parser.add_argument("--reliability", action="store_true", help="the disconnect run instead of the rates")
     parser.add_argument("--num-requests", type=int, default=512, help="reliability: concurrent streams")
     parser.add_argument("--disconnect-fraction", type=float, default=0.1, help="reliability: share that hangs up")
