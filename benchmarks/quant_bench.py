@@ -194,7 +194,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--methods", type=lambda t: t.split(","), default=["bf16", "int8", "int4"],
                         help="formats to time (default bf16,int8,int4)")
     parser.add_argument("--shapes", type=parse_shapes, default=None, help="NxK,... (default: Qwen3-8B's five)")
-    parser.add_argument("--batches", type=positive_int_list, default=BATCHES, help="rows of x (default 1,4,16,64,256,2048)")
+    parser.add_argument("--batches", type=positive_int_list, default=BATCHES,
+                        help="rows of x (default 1,4,16,64,256,2048)")
     parser.add_argument("--budget-s", type=float, default=150.0, help="stop starting new cases after this long")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--rep-ms", type=int, default=20, help="ms of graph replays per GPU time (do_bench_cudagraph)")
