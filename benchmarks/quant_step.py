@@ -39,12 +39,16 @@ def parse_modes(text: str, modes: dict = MODES) -> list[str]:
     return values
 
 
+def m13_engine(args: argparse.Namespace, **knobs) -> LLMEngine:
+    """m13 as quant_step and quant_accuracy build it: ``--model``, ``--seed``, ``--kv-cache-memory-gib``, ``knobs``."""
+    return LLMEngine(EngineConfig(model=args.model, seed=args.seed,
+                                  kv_cache_memory_bytes=int(args.kv_cache_memory_gib * 2**30), **knobs))
+
+
 def build(mode: str, args: argparse.Namespace) -> LLMEngine:
     began = time.perf_counter()
-    engine = LLMEngine(EngineConfig(model=args.model, device="cuda", max_num_seqs=max(args.batches),
-                                    cudagraph_mode="full_decode_only",  # decode graphs are all it times
-                                    kv_cache_memory_bytes=int(args.kv_cache_memory_gib * 2**30), seed=args.seed,
-                                    **MODES[mode]))
+    engine = m13_engine(args, device="cuda", max_num_seqs=max(args.batches),
+                        cudagraph_mode="full_decode_only", **MODES[mode])  # decode graphs are all it times
     print(f"[{mode}] built in {time.perf_counter() - began:.1f} s; {engine.describe_weights()}; "
           f"{engine.describe_kv_cache()}; {engine.describe_cuda_graphs()}", flush=True)
     return engine
