@@ -243,8 +243,11 @@ def jsonable(value):
     return str(value)
 
 
-def result_name(milestone: str, workload: str) -> str:
-    return f"{milestone_key(milestone)}_{workload}"
+def result_name(engine: str, workload: Workload, sliced: bool = False, tag: str | None = None) -> str:
+    """``<milestone>_<workload>``, then ``-n<N>`` for a slice that must not overwrite the documented run's file and
+    ``+<tag>`` for a variant (other knobs): each gets a file of its own."""
+    name = f"{milestone_key(engine)}_{workload.name}" + (f"-n{workload.num_requests}" if sliced else "")
+    return name + (f"+{tag}" if tag else "")
 
 
 def new_result(name: str, milestone: str, workload: Workload, model: str, device: str, dtype: str) -> dict:
@@ -283,12 +286,10 @@ def build_runner(milestone: str, workload: Workload, result: dict, *, model: str
 
 
 def record_failure(result: dict, error: BaseException) -> None:
-    if isinstance(error, WorkloadNotSupported):
-        result.update(status="skipped", error=str(error))
-        return
-    result["status"] = "timeout" if isinstance(error, BenchmarkTimeout) else "error"
-    result["error"] = f"{type(error).__name__}: {error}"
-    result["traceback"] = traceback.format_exc(limit=8)
+    skipped = isinstance(error, WorkloadNotSupported)
+    result.update(status="skipped" if skipped else "timeout" if isinstance(error, BenchmarkTimeout) else "error",
+                  error=str(error) if skipped else f"{type(error).__name__}: {error}",
+                  traceback=None if skipped else traceback.format_exc(limit=8))
 
 
 def run_benchmark(milestone: str, workload: str | Workload, *, model: str = DEFAULT_MODEL, device: str = "auto",
@@ -302,11 +303,8 @@ def run_benchmark(milestone: str, workload: str | Workload, *, model: str = DEFA
     log = log or (lambda _msg: None)
     wl = workload if isinstance(workload, Workload) else workload_for(
         milestone, workload, seed=workload_seed, max_requests=max_requests, full=full)
-    name = result_name(milestone, wl.name)
-    if max_requests is not None and wl.slice is not None and not isinstance(workload, Workload):
-        name += f"-n{wl.num_requests}"  # an ad-hoc slice never overwrites the documented run's file
-    if tag:
-        name += f"+{tag}"  # a variant (other knobs) gets its own file too
+    ad_hoc_slice = max_requests is not None and wl.slice is not None and not isinstance(workload, Workload)
+    name = result_name(milestone, wl, sliced=ad_hoc_slice, tag=tag)
     result = new_result(name, milestone, wl, model, device, dtype)
     runner: Runner | None = None
     began = time.perf_counter()
