@@ -253,27 +253,22 @@ def result_name(engine: str, workload: Workload, sliced: bool = False, tag: str 
 def new_result(name: str, milestone: str, workload: Workload, model: str, device: str, dtype: str) -> dict:
     """A result with every key present, ``status: "running"``; filled in as the run goes."""
     result: dict = dict.fromkeys(RESULT_KEYS)
-    result.update(schema_version=SCHEMA_VERSION, name=name, milestone=milestone_key(milestone),
-                  workload=workload.describe(), status="running")
-    result["model"] = {"name": model, "dtype": dtype, "device": device}
-    result["env"] = environment(None if device == "auto" else device)
+    result.update(schema_version=SCHEMA_VERSION, name=name, milestone=milestone_key(milestone), status="running",
+                  env=environment(None if device == "auto" else device), workload=workload.describe(),
+                  model={"name": model, "dtype": dtype, "device": device})
     return result
 
 
-def build_runner(milestone: str, workload: Workload, result: dict, *, model: str, device: str, dtype: str,
-                 seed: int = 0, overrides: dict | None = None, kv_tokens: int | None = None, inject: bool = True
-                 ) -> Runner:
-    """Build and warm up the runner, recording engine, model, env, config and warm-up in ``result``."""
-    is_milestone = milestone not in registered_runners()
-    result["tokenizer"] = ensure_tokenizer() if is_milestone else None
-    runner = make_runner(milestone, workload, model=model, device=device, dtype=dtype, seed=seed,
-                         overrides=overrides, kv_tokens=kv_tokens, inject=inject)
+def build_runner(milestone: str, workload: Workload, result: dict, **kwargs) -> Runner:
+    """Build (``kwargs``: the ``Runner`` constructor's) and warm up the runner, recording engine, model, env, config
+    and warm-up in ``result``."""
+    result["tokenizer"] = None if milestone in registered_runners() else ensure_tokenizer()
+    runner = make_runner(milestone, workload, **kwargs)
     try:
-        result["engine"] = runner.engine_label
-        result["kv_sizing"] = getattr(runner, "kv_sizing", None)
-        result["model"] = {"name": model, "dtype": str(runner.dtype).removeprefix("torch."),
-                           "device": str(runner.device)}
-        result["env"] = environment(runner.device)
+        dtype = str(runner.dtype).removeprefix("torch.")
+        result.update(engine=runner.engine_label, kv_sizing=getattr(runner, "kv_sizing", None),
+                      model={"name": kwargs["model"], "dtype": dtype, "device": str(runner.device)},
+                      env=environment(runner.device))
         began = time.perf_counter()
         ran = runner.warmup() or {"num_requests": len(WARMUP_PROMPT_LENS), "prompt_lens": list(WARMUP_PROMPT_LENS),
                                   "output_len": WARMUP_OUTPUT_LEN}

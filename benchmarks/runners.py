@@ -221,12 +221,10 @@ class MilestoneRunner(Runner):
         # Split across ranks (m14), a rank holds 1/N of each token's K/V: the same tokens at any split.
         per_token //= getattr(config, "tensor_parallel_size", 1)
         if workload.kv_budget_gib is not None:
-            budget = int(workload.kv_budget_gib * 2**30)
-            sizing = {"source": f"workload budget: {workload.kv_budget_gib} GiB", "budget_bytes": budget}
+            source, budget = f"workload budget: {workload.kv_budget_gib} GiB", int(workload.kv_budget_gib * 2**30)
         else:
-            budget = kv_tokens * per_token
-            sizing = {"source": f"enough for the workload: {kv_tokens} tokens", "budget_bytes": budget}
-        sizing["bytes_per_token"] = per_token
+            source, budget = f"enough for the workload: {kv_tokens} tokens", kv_tokens * per_token
+        sizing = {"source": source, "budget_bytes": budget, "bytes_per_token": per_token}
         if "kv_cache_memory_bytes" in fields:
             sizing.update(knob="kv_cache_memory_bytes", value=budget)
         elif "kv_cache_tokens" in fields:
