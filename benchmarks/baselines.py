@@ -7,7 +7,6 @@ engines".
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import logging
 import math
 import time
@@ -18,7 +17,7 @@ from milestones.m01_naive_loop.config import EngineConfig
 from milestones.m01_naive_loop.loader import PRESETS, load_model, preset_config
 from milestones.m01_naive_loop.request import RequestMetrics, RequestOutput
 
-from .runners import (PhaseResult, Runner, kv_bytes_per_token, register_runner, sync, warmup_requests)
+from .runners import PhaseResult, Runner, kv_bytes_per_token, register_runner, sync, warmup_requests
 from .workloads import MAX_IN_FLIGHT, Phase, RequestSpec, Workload
 
 PAD_ID = 0  # any id works: padded positions are masked out
@@ -190,15 +189,13 @@ WARMUP_NEW_TOKENS = 8  # hf-compiled's warm-up: a prefill and 7 decoding steps: 
 DEFAULT_COMPILE = {"compile_backend": "inductor", "compile_mode": "reduce-overhead"}
 
 
-def torch_compilations() -> int:
-    """Graphs torch.compile has built in this process so far (dynamo's own counter)."""
-    return int(torch._dynamo.utils.counters["stats"]["unique_graphs"])
-
-
-def cudagraph_skips() -> int:
-    """Compiled graphs inductor chose not to replay as CUDA graphs so far (it also logs why). On a CPU every
-    inductor graph counts; on the GPU, 0 is what ``mode="reduce-overhead"`` should give."""
-    return int(torch._dynamo.utils.counters["inductor"]["cudagraph_skips"])
+def compile_counts() -> dict[str, int]:
+    """dynamo's own counters, for this process so far: graphs torch.compile has built, and compiled graphs
+    inductor chose not to replay as CUDA graphs (it also logs why; on a CPU every inductor graph counts, on the
+    GPU 0 is what ``mode="reduce-overhead"`` should give)."""
+    counters = torch._dynamo.utils.counters
+    return {"torch_compilations": int(counters["stats"]["unique_graphs"]),
+            "cudagraph_skips": int(counters["inductor"]["cudagraph_skips"])}
 
 
 @register_runner("hf-compiled")
@@ -250,19 +247,16 @@ class HFCompiledRunner(HFStaticRunner):
                 first_of_each.setdefault(len(batch), batch)
         shapes = []
         for rows, batch in first_of_each.items():
-            before, skips_before = torch_compilations(), cudagraph_skips()
-            calls = []
+            before, calls = compile_counts(), []
             for _ in range(2):
                 began = time.perf_counter()
                 self._generate(batch, max_new_tokens=WARMUP_NEW_TOKENS)
                 calls.append(time.perf_counter() - began)
             shapes.append({"rows": rows, "prompt_len": max(r.prompt_len for r in batch),
-                           "max_cache_len": self.max_cache_len, "new_tokens": min(WARMUP_NEW_TOKENS,
-                                                                                  max(r.max_tokens for r in batch)),
+                           "max_cache_len": self.max_cache_len,
+                           "new_tokens": min(WARMUP_NEW_TOKENS, max(r.max_tokens for r in batch)),
                            "first_call_s": calls[0], "second_call_s": calls[1],
-                           "torch_compilations": torch_compilations() - before,
-                           "cudagraph_skips": cudagraph_skips() - skips_before})
-        compiled = sum(s["torch_compilations"] for s in shapes)
+                           **{key: count - before[key] for key, count in compile_counts().items()}})
         # transformers sets _compiled_call when it compiles the decoding forward (get_compiled_call): without it,
         # every step ran eagerly. (A count of compilations cannot tell: a graph cached earlier may be reused.)
         if not hasattr(self.model, "_compiled_call") and any(s["new_tokens"] > 1 for s in shapes):
@@ -271,13 +265,14 @@ class HFCompiledRunner(HFStaticRunner):
         return {"what": f"the first batch of each distinct row count, twice, outputs capped at "
                         f"{WARMUP_NEW_TOKENS} tokens",
                 "num_requests": 2 * sum(len(b) for b in first_of_each.values()), "shapes": shapes,
-                "torch_compilations": compiled, "cudagraph_skips": sum(s["cudagraph_skips"] for s in shapes),
+                **{key: sum(s[key] for s in shapes) for key in before},
                 "compile_s_estimate": sum(s["first_call_s"] - s["second_call_s"] for s in shapes)}
 
     def run_phase(self, phase: Phase, use_tqdm: bool):
-        before = torch_compilations()
+        before = compile_counts()["torch_compilations"]
         result = super().run_phase(phase, use_tqdm)
-        result.stats["torch_compilations"] = torch_compilations() - before  # 0: the warm-up covered every shape
+        # 0: the warm-up covered every shape
+        result.stats["torch_compilations"] = compile_counts()["torch_compilations"] - before
         return result
 
     def close(self) -> None:
@@ -285,11 +280,7 @@ class HFCompiledRunner(HFStaticRunner):
         torch._dynamo.reset()  # the compiled graphs and CUDA graph pools hold memory (and the weights) otherwise
 
 
-def _filter_kwargs(fn, kwargs: dict) -> dict:
-    params = inspect.signature(fn).parameters
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        return kwargs
-    return {k: v for k, v in kwargs.items() if k in params}
+PAGE_TOKENS = 256  # K/V tokens per page of hf-cb's cache: transformers' default (5.17's block_size, 5.24's page_size)
 
 
 @register_runner("hf-cb")
@@ -308,40 +299,29 @@ class HFContinuousBatchingRunner(_BaselineRunner):
                                                   workload.requests), pad_token_id=PAD_ID)
         self.generation_config.eos_token_id = None  # the manager turns this into -1: no EOS
         self.manager = None
-        if not hasattr(self.model, "init_continuous_batching"):
-            import transformers
-
-            raise RuntimeError(f"hf-cb needs transformers' continuous batching manager (init_continuous_batching), "
-                               f"which transformers {transformers.__version__} lacks")
         self.cb_config = self._cb_config()
 
     def _cb_config(self):
-        try:
-            from transformers import ContinuousBatchingConfig
-        except ImportError:
-            return None
+        from transformers import ContinuousBatchingConfig  # transformers 5.x; an older one fails here, in one line
+
         names = {f.name for f in dataclasses.fields(ContinuousBatchingConfig)}
-        wanted = {"max_requests_per_batch": self.max_num_seqs,
-                  # transformers >= 5.2x would switch sdpa to a flash kernel if one is installed; keep sdpa.
-                  "auto_switch_to_flash": False}
-        if self.device.type != "cuda":
-            # Off the GPU, the manager would size its cache from host memory and warm up at that size (tens of
-            # seconds on a laptop). Size it for this workload instead; on CUDA, transformers' own sizing stands.
-            page = 256
-            reqs = self.workload.requests
-            wanted["page_size" if "page_size" in names else "block_size"] = page
-            wanted["num_blocks"] = sum(-(-(r.prompt_len + r.max_tokens) // page) for r in reqs) + 2
-            wanted["max_batch_tokens"] = max(256, min(4096, max(r.prompt_len for r in reqs)))
-        elif self.kv_tokens is not None and "num_blocks" in names:
-            # Asked to share the GPU (an interleaved comparison): hold what the workload needs, not ~90% of it.
-            field = "page_size" if "page_size" in names else "block_size"
-            page = next(f.default for f in dataclasses.fields(ContinuousBatchingConfig) if f.name == field)
-            if isinstance(page, int) and page > 0:
-                wanted["num_blocks"] = -(-self.kv_tokens // page) + 2
-        wanted.update(self.overrides)
         unknown = sorted(set(self.overrides) - names)
         if unknown:
             raise ValueError(f"ContinuousBatchingConfig has no field(s) {unknown}")
+        wanted = {"max_requests_per_batch": self.max_num_seqs,
+                  # transformers >= 5.2x would switch sdpa to a flash kernel if one is installed; keep sdpa.
+                  "auto_switch_to_flash": False}
+        reqs = self.workload.requests
+        if self.device.type != "cuda":
+            # Off the GPU, the manager would size its cache from host memory and warm up at that size (tens of
+            # seconds on a laptop). Size it for this workload instead; on CUDA, transformers' own sizing stands.
+            wanted["page_size" if "page_size" in names else "block_size"] = PAGE_TOKENS
+            wanted["num_blocks"] = sum(-(-(r.prompt_len + r.max_tokens) // PAGE_TOKENS) for r in reqs) + 2
+            wanted["max_batch_tokens"] = max(256, min(4096, max(r.prompt_len for r in reqs)))
+        elif self.kv_tokens is not None:
+            # Asked to share the GPU (an interleaved comparison): hold what the workload needs, not ~90% of it.
+            wanted["num_blocks"] = -(-self.kv_tokens // PAGE_TOKENS) + 2
+        wanted.update(self.overrides)
         return ContinuousBatchingConfig(**{k: v for k, v in wanted.items() if k in names})
 
     def knobs(self) -> dict:
@@ -354,65 +334,54 @@ class HFContinuousBatchingRunner(_BaselineRunner):
     def _start(self) -> None:
         from transformers.generation.continuous_batching.utils import WorkloadHints
 
-        kwargs = {"generation_config": self.generation_config, "continuous_batching_config": self.cb_config}
         reqs = self.workload.requests
-        kwargs["workload_hints"] = WorkloadHints(max_prompt_length=max(r.prompt_len for r in reqs),
-                                                 max_generated_length=max(r.max_tokens for r in reqs),
-                                                 num_requests=len(reqs))
-        kwargs = _filter_kwargs(self.model.init_continuous_batching, kwargs)
-        self.manager = self.model.init_continuous_batching(**kwargs)
-        if hasattr(self.manager, "warmup"):
-            self.manager.warmup()  # CUDA graph capture where the manager uses graphs
+        hints = WorkloadHints(max_prompt_length=max(r.prompt_len for r in reqs),
+                              max_generated_length=max(r.max_tokens for r in reqs), num_requests=len(reqs))
+        self.manager = self.model.init_continuous_batching(
+            generation_config=self.generation_config, continuous_batching_config=self.cb_config, workload_hints=hints)
+        self.manager.warmup()  # CUDA graph capture where the manager uses graphs
         self.manager.start()
         self._attn_during_run = getattr(self.model.config, "_attn_implementation", None)
 
-    def _run_requests(self, requests: list[RequestSpec], prefix: str, bar=None) -> tuple[list[RequestOutput], float]:
+    def _run_requests(self, requests: list[RequestSpec], prefix: str, use_tqdm: bool = False
+                      ) -> tuple[list[RequestOutput], float]:
+        from tqdm.auto import tqdm
+
         manager = self.manager
-        add = manager.add_request
+        ids = [f"{prefix}-{i}" for i in range(len(requests))]
         sync(self.device)
         start = time.perf_counter()
-        ids = []
-        for i, spec in enumerate(requests):
-            rid = f"{prefix}-{i}"
-            kwargs = _filter_kwargs(add, {"request_id": rid, "max_new_tokens": spec.max_tokens,
-                                          "record_timestamps": True, "eos_token_id": -1})
-            if add(list(spec.prompt_token_ids), **kwargs) is None:
+        for rid, spec in zip(ids, requests):
+            if manager.add_request(list(spec.prompt_token_ids), request_id=rid, max_new_tokens=spec.max_tokens,
+                                   record_timestamps=True, eos_token_id=-1) is None:
                 raise RuntimeError("the continuous batching manager refused a request")
-            ids.append(rid)
         results = {}
-        while len(results) < len(ids):
-            result = manager.get_result(timeout=1)
-            if result is None:
-                if not manager.is_running():
-                    raise RuntimeError("the continuous batching thread stopped before every request finished")
-                continue
-            if result.is_finished():
-                if getattr(result, "error", None):
-                    raise RuntimeError(f"request {result.request_id} failed: {result.error}")
-                results[result.request_id] = result
-                if bar is not None:
+        with tqdm(total=len(ids), desc="hf-cb", unit="req", disable=not use_tqdm) as bar:
+            while len(results) < len(ids):
+                result = manager.get_result(timeout=1)
+                if result is None:
+                    if not manager.is_running():
+                        raise RuntimeError("the continuous batching thread stopped before every request finished")
+                    continue
+                if result.is_finished():
+                    if result.error:
+                        raise RuntimeError(f"request {result.request_id} failed: {result.error}")
+                    results[result.request_id] = result
                     bar.update(1)
         sync(self.device)
         wall = time.perf_counter() - start
-        outputs = []
-        for rid, spec in zip(ids, requests):
-            r = results[rid]
-            times = list(r.timestamps or [])
-            outputs.append(_output(rid, spec, list(r.generated_tokens)[:spec.max_tokens], start, times))
-        return outputs, wall
+        return [_output(rid, spec, list(results[rid].generated_tokens)[:spec.max_tokens], start,
+                        list(results[rid].timestamps or [])) for rid, spec in zip(ids, requests)], wall
 
     def warmup(self) -> None:
         self._start()
         self._run_requests(warmup_requests(), "warmup")
 
     def run_phase(self, phase: Phase, use_tqdm: bool) -> PhaseResult:
-        from tqdm.auto import tqdm
-
         requests = list(phase.requests)
         if self.manager is None:
             self._start()
-        with tqdm(total=len(requests), desc="hf-cb", unit="req", disable=not use_tqdm) as bar:
-            outputs, wall = self._run_requests(requests, phase.label, bar)
+        outputs, wall = self._run_requests(requests, phase.label, use_tqdm)
         stats = dict(steps=None, tokens_computed=None, padding_tokens=None,
                      prompt_tokens_computed=sum(r.prompt_len for r in requests),
                      kv_reserved_peak_bytes=self._kv_reserved(), kv_used_peak_bytes=None)
@@ -426,20 +395,16 @@ class HFContinuousBatchingRunner(_BaselineRunner):
         return True
 
     def _kv_reserved(self) -> int | None:
-        cb = getattr(self.manager, "continuous_batching_config", None)
-        if cb is None:
-            return None
+        cb = getattr(self.manager, "continuous_batching_config", None)  # resolved when the manager started
         blocks = getattr(cb, "num_blocks", None)
         page = getattr(cb, "page_size", None) or getattr(cb, "block_size", None)
         return blocks * page * self.kv_bytes_per_token if blocks and page else None
 
     def _stop(self) -> None:
-        stop = self.manager.stop
         try:
-            stop(**_filter_kwargs(stop, {"block": True, "timeout": 30, "hard_stop": True}))
+            self.manager.stop(block=True, timeout=30, hard_stop=True)
         finally:
-            if hasattr(self.manager, "destroy"):
-                self.manager.destroy()
+            self.manager.destroy()
             self.manager = None
 
     def close(self) -> None:

@@ -23,7 +23,8 @@ from milestones.m01_naive_loop.loader import parameter_count
 
 from .harness import (BenchmarkTimeout, build_runner, free_memory, jsonable, measure, new_result, record_failure,
                       result_name, time_limit)
-from .runners import Runner, cannot_run, holds_kv_pool, kv_bytes_per_token, kv_tokens_needed, model_config
+from .runners import (Runner, WorkloadNotSupported, cannot_run, holds_kv_pool, kv_bytes_per_token, kv_tokens_needed,
+                      model_config)
 from .workloads import Workload
 
 HEADLINE_KEYS = ("output_tokens_per_s", "wall_time_s", "ttft_p50_s", "ttft_p99_s", "itl_mean_s", "itl_p50_s",
@@ -44,13 +45,6 @@ class Member:
     @property
     def label(self) -> str:
         return self.engine + (f"+{self.tag}" if self.tag else "")
-
-
-def member_result_name(member: Member, workload: Workload) -> str:
-    name = result_name(member.engine, workload.name)
-    if workload.slice is not None:
-        name += f"-n{workload.num_requests}"
-    return name + (f"+{member.tag}" if member.tag else "")
 
 
 def plan_residency(members: Sequence[Member], workload: Workload, model: str, device: str, dtype: str) -> dict:
@@ -183,13 +177,14 @@ class _Comparison:
         info = {"id": self.id, "members": self.labels, "reference": self.labels[0], "workload": workload.name,
                 "repeats_planned": repeats, "ratio_metrics": ratio_metrics,
                 "order": "one timed run per member per round, in member order", "residency": None}
-        self.results = [new_result(member_result_name(m, workload), m.engine, workload, engine_kwargs["model"],
-                                   engine_kwargs["device"], engine_kwargs["dtype"]) for m in members]
+        self.results = [new_result(result_name(m.engine, workload, workload.slice is not None, m.tag), m.engine,
+                                   workload, engine_kwargs["model"], engine_kwargs["device"], engine_kwargs["dtype"])
+                        for m in members]
         for result, label in zip(self.results, self.labels):
             result["comparison"] = {**info, "label": label}
         self.runs: list[list[dict]] = [[] for _ in members]  # the timed runs of each member so far
         self.runners: dict[int, Runner] = {}  # built runners, by member index
-        self.active: list[int] = []  # members still in the comparison
+        self.active = list(range(len(members)))  # members still in the comparison
         self.rebuilt: set[str] = set()  # members built again before every run (a cache they cannot reset)
         self.together = True
 
@@ -197,13 +192,15 @@ class _Comparison:
         began = time.perf_counter()
         try:
             with time_limit(time_limit_s):
-                self._admit()
+                for i in list(self.active):
+                    self._guarded(i, self._check_can_run)
+                self._plan_residency()
                 if self.together:
                     for i in list(self.active):
-                        self._guarded(i, lambda i=i: self._build_and_keep(i))
+                        self._guarded(i, self._build_and_keep)
                 for round_ in range(self.repeats):
                     for i in list(self.active):
-                        if self._guarded(i, lambda i=i: self._timed_run(i)):
+                        if self._guarded(i, self._timed_run):
                             self._progress(i, round_)
                 for i in self.active:
                     self.results[i]["status"] = "ok"
@@ -224,26 +221,18 @@ class _Comparison:
             result["comparison"]["rebuilt_before_each_run"] = self.labels[i] in self.rebuilt
         return [jsonable(r) for r in self.results]
 
-    def _admit(self) -> None:
-        """Keep the members that can run the workload (at least two, or none), and decide on residency."""
-        model = self.engine_kwargs["model"]
-        for i, m in enumerate(self.members):
-            try:
-                reason = cannot_run(m.engine, self.workload, model)
-            except BenchmarkTimeout:
-                raise
-            except Exception as error:  # noqa: BLE001 - an unknown or broken engine: record it, go on
-                record_failure(self.results[i], error)
-                continue
-            if reason is not None:
-                self.results[i].update(status="skipped", error=reason)
-            else:
-                self.active.append(i)
+    def _check_can_run(self, i: int) -> None:
+        reason = cannot_run(self.members[i].engine, self.workload, self.engine_kwargs["model"])
+        if reason is not None:
+            raise WorkloadNotSupported(reason)
+
+    def _plan_residency(self) -> None:
+        """Keep at least two members that can run the workload, or none, and decide whether they share the GPU."""
         if len(self.members) > 1 and len(self.active) == 1:  # nothing left to compare with: spend no time
             i = self.active.pop()
             self.results[i].update(status="skipped", error="no other engine of the comparison can run "
                                                            f"{self.workload.name}: nothing to compare it with")
-        plan = plan_residency([self.members[i] for i in self.active], self.workload, model,
+        plan = plan_residency([self.members[i] for i in self.active], self.workload, self.engine_kwargs["model"],
                               self.engine_kwargs["device"], self.engine_kwargs["dtype"])
         for result in self.results:
             result["comparison"].update(residency=plan["residency"], residency_reason=plan["reason"])
@@ -275,11 +264,11 @@ class _Comparison:
             self.rebuilt.add(self.labels[i])
         self.runs[i].append(measure(self.runners[i], self.workload, self.use_tqdm))
 
-    def _guarded(self, i: int, step: Callable[[], None]) -> bool:
-        """Run ``step`` for member ``i``; if it fails (other than by the clock), the member leaves the
-        comparison with its error recorded, and False is returned."""
+    def _guarded(self, i: int, step: Callable[[int], None]) -> bool:
+        """Run ``step(i)`` for member ``i``; if it fails (other than by the clock) or cannot run the workload, the
+        member leaves the comparison with its error recorded, and False is returned."""
         try:
-            step()
+            step(i)
             return True
         except BenchmarkTimeout:
             raise

@@ -72,10 +72,9 @@ def git_info() -> dict:
         return {"git_commit": commit, "git_dirty": None if dirty is None else dirty not in ("", "0", "false"),
                 "git_source": "env"}
     commit = _git("rev-parse", "HEAD")
-    if commit is None:
-        return {"git_commit": None, "git_dirty": None, "git_source": None}
-    status = _git("status", "--porcelain", "--", *SOURCE_PATHS, ":(exclude)benchmarks/results")
-    return {"git_commit": commit, "git_dirty": bool(status) if status is not None else None, "git_source": "git"}
+    status = _git("status", "--porcelain", "--", *SOURCE_PATHS, ":(exclude)benchmarks/results") if commit else None
+    return {"git_commit": commit, "git_dirty": None if status is None else bool(status),
+            "git_source": "git" if commit else None}
 
 
 def environment(device: torch.device | str | None = None) -> dict:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from .harness import (BenchmarkTimeout, ensure_tokenizer, free_memory, jsonable, record_failure, time_limit)
+from .harness import ensure_tokenizer, free_memory, jsonable, record_failure, time_limit
 from .runners import cannot_run, kv_tokens_needed, make_runner, registered_runners
 from .workloads import Phase, RequestSpec, Slice, Workload, get_workload, milestone_key
 
@@ -42,11 +42,10 @@ def gate_workload(workload: Workload, num_requests: int = NUM_REQUESTS, output_c
     """A few of ``workload``'s requests, in workload order: the first of every group (so ``chunked`` keeps a
     long prompt to inject), then the earliest others; outputs capped at ``output_cap`` tokens."""
     specs = workload.requests
-    chosen: list[int] = []
+    firsts: dict[str, int] = {}
     for i, spec in enumerate(specs):
-        if spec.group not in {specs[j].group for j in chosen}:
-            chosen.append(i)
-    chosen = chosen[:num_requests]  # sweeps: one group per length, the shortest first
+        firsts.setdefault(spec.group, i)
+    chosen = list(firsts.values())[:num_requests]  # sweeps: one group per length, the shortest first
     chosen += [i for i in range(len(specs)) if i not in chosen][:num_requests - len(chosen)]
 
     def capped(spec: RequestSpec) -> RequestSpec:  # the length the request is credited: where the client stops it
@@ -128,14 +127,10 @@ class CorrectnessGate:
                     record.update(status="skipped", error=skip)
                 else:
                     self._run(item, workload, record)
-        except BaseException as error:  # noqa: BLE001 - an engine that cannot even run fails its gate
-            if isinstance(error, KeyboardInterrupt):
-                raise
-            failure: dict = {}
-            record_failure(failure, error)
-            record.update(status="skipped" if failure["status"] == "skipped" else "error",
-                          error=("gate " if isinstance(error, BenchmarkTimeout) else "") + failure["error"],
-                          traceback=failure.get("traceback"))
+        except Exception as error:  # noqa: BLE001 - an engine that cannot even run fails its gate
+            record_failure(record, error)
+            if record["status"] == "timeout":  # a gate record is pass, near-tie, fail, error or skipped
+                record.update(status="error", error="gate " + record["error"])
         finally:
             free_memory()
             record["wall_time_s"] = time.perf_counter() - began

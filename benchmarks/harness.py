@@ -243,34 +243,32 @@ def jsonable(value):
     return str(value)
 
 
-def result_name(milestone: str, workload: str) -> str:
-    return f"{milestone_key(milestone)}_{workload}"
+def result_name(engine: str, workload: Workload, sliced: bool = False, tag: str | None = None) -> str:
+    """``<milestone>_<workload>``, then ``-n<N>`` for a slice that must not overwrite the documented run's file and
+    ``+<tag>`` for a variant (other knobs): each gets a file of its own."""
+    name = f"{milestone_key(engine)}_{workload.name}" + (f"-n{workload.num_requests}" if sliced else "")
+    return name + (f"+{tag}" if tag else "")
 
 
 def new_result(name: str, milestone: str, workload: Workload, model: str, device: str, dtype: str) -> dict:
     """A result with every key present, ``status: "running"``; filled in as the run goes."""
     result: dict = dict.fromkeys(RESULT_KEYS)
-    result.update(schema_version=SCHEMA_VERSION, name=name, milestone=milestone_key(milestone),
-                  workload=workload.describe(), status="running")
-    result["model"] = {"name": model, "dtype": dtype, "device": device}
-    result["env"] = environment(None if device == "auto" else device)
+    result.update(schema_version=SCHEMA_VERSION, name=name, milestone=milestone_key(milestone), status="running",
+                  env=environment(None if device == "auto" else device), workload=workload.describe(),
+                  model={"name": model, "dtype": dtype, "device": device})
     return result
 
 
-def build_runner(milestone: str, workload: Workload, result: dict, *, model: str, device: str, dtype: str,
-                 seed: int = 0, overrides: dict | None = None, kv_tokens: int | None = None, inject: bool = True
-                 ) -> Runner:
-    """Build and warm up the runner, recording engine, model, env, config and warm-up in ``result``."""
-    is_milestone = milestone not in registered_runners()
-    result["tokenizer"] = ensure_tokenizer() if is_milestone else None
-    runner = make_runner(milestone, workload, model=model, device=device, dtype=dtype, seed=seed,
-                         overrides=overrides, kv_tokens=kv_tokens, inject=inject)
+def build_runner(milestone: str, workload: Workload, result: dict, **kwargs) -> Runner:
+    """Build (``kwargs``: the ``Runner`` constructor's) and warm up the runner, recording engine, model, env, config
+    and warm-up in ``result``."""
+    result["tokenizer"] = None if milestone in registered_runners() else ensure_tokenizer()
+    runner = make_runner(milestone, workload, **kwargs)
     try:
-        result["engine"] = runner.engine_label
-        result["kv_sizing"] = getattr(runner, "kv_sizing", None)
-        result["model"] = {"name": model, "dtype": str(runner.dtype).removeprefix("torch."),
-                           "device": str(runner.device)}
-        result["env"] = environment(runner.device)
+        dtype = str(runner.dtype).removeprefix("torch.")
+        result.update(engine=runner.engine_label, kv_sizing=getattr(runner, "kv_sizing", None),
+                      model={"name": kwargs["model"], "dtype": dtype, "device": str(runner.device)},
+                      env=environment(runner.device))
         began = time.perf_counter()
         ran = runner.warmup() or {"num_requests": len(WARMUP_PROMPT_LENS), "prompt_lens": list(WARMUP_PROMPT_LENS),
                                   "output_len": WARMUP_OUTPUT_LEN}
@@ -283,12 +281,10 @@ def build_runner(milestone: str, workload: Workload, result: dict, *, model: str
 
 
 def record_failure(result: dict, error: BaseException) -> None:
-    if isinstance(error, WorkloadNotSupported):
-        result.update(status="skipped", error=str(error))
-        return
-    result["status"] = "timeout" if isinstance(error, BenchmarkTimeout) else "error"
-    result["error"] = f"{type(error).__name__}: {error}"
-    result["traceback"] = traceback.format_exc(limit=8)
+    skipped = isinstance(error, WorkloadNotSupported)
+    result.update(status="skipped" if skipped else "timeout" if isinstance(error, BenchmarkTimeout) else "error",
+                  error=str(error) if skipped else f"{type(error).__name__}: {error}",
+                  traceback=None if skipped else traceback.format_exc(limit=8))
 
 
 def run_benchmark(milestone: str, workload: str | Workload, *, model: str = DEFAULT_MODEL, device: str = "auto",
@@ -302,11 +298,8 @@ def run_benchmark(milestone: str, workload: str | Workload, *, model: str = DEFA
     log = log or (lambda _msg: None)
     wl = workload if isinstance(workload, Workload) else workload_for(
         milestone, workload, seed=workload_seed, max_requests=max_requests, full=full)
-    name = result_name(milestone, wl.name)
-    if max_requests is not None and wl.slice is not None and not isinstance(workload, Workload):
-        name += f"-n{wl.num_requests}"  # an ad-hoc slice never overwrites the documented run's file
-    if tag:
-        name += f"+{tag}"  # a variant (other knobs) gets its own file too
+    ad_hoc_slice = max_requests is not None and wl.slice is not None and not isinstance(workload, Workload)
+    name = result_name(milestone, wl, sliced=ad_hoc_slice, tag=tag)
     result = new_result(name, milestone, wl, model, device, dtype)
     runner: Runner | None = None
     began = time.perf_counter()

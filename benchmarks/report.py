@@ -6,6 +6,7 @@ milestone in the measured dtype. Ratios between single runs are ``python -m mile
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 
 from tabulate import tabulate
 
@@ -17,12 +18,8 @@ def _num(value, fmt: str = ".1f", scale: float = 1.0) -> str:
     return "-" if value is None else format(value * scale, fmt)
 
 
-def _ms(value) -> str:
-    return _num(value, ".2f", 1e3)
-
-
-def _mib(value) -> str:
-    return _num(value, ".0f", 2**-20)
+_ms = partial(_num, fmt=".2f", scale=1e3)  # seconds, shown in milliseconds
+_mib = partial(_num, fmt=".0f", scale=2**-20)  # bytes, shown in MiB
 
 
 def _table(rows: list[list], headers: Sequence[str], empty: str | None = None) -> str:

@@ -19,27 +19,28 @@ from .runners import registered_runners
 from .workloads import WORKLOADS
 
 
-def parse_overrides(items: list[str]) -> dict:
-    """``key=value`` pairs; values are Python literals where they parse (``64``, ``None``, ``True``), else strings."""
-    overrides = {}
-    for item in items:
-        key, sep, raw = item.partition("=")
-        if not sep or not key:
-            raise SystemExit(f"--config wants key=value, got {item!r}")
-        try:
-            overrides[key] = ast.literal_eval(raw)
-        except (ValueError, SyntaxError):
-            overrides[key] = raw
-    return overrides
+def config_item(text: str) -> tuple[str, object]:
+    """``key=value``; the value is a Python literal where it parses (``64``, ``None``, ``True``), else a string."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key:
+        raise SystemExit(f"--config wants key=value, got {text!r}")
+    try:
+        return key, ast.literal_eval(raw)
+    except (ValueError, SyntaxError):
+        return key, raw
+
+
+def comma_list(text: str) -> list[str]:
+    return [v for v in text.split(",") if v]
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.split("\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--milestone", "-m", action="append", required=True,
+    parser.add_argument("--milestone", "-m", action="extend", type=comma_list, required=True,
                         help=f"m01, m02, ... or a baseline ({', '.join(registered_runners())}); repeat or "
                         "comma-separate")
-    parser.add_argument("--workload", "-w", action="append", required=True,
+    parser.add_argument("--workload", "-w", action="extend", type=comma_list, required=True,
                         help=f"one of {', '.join(WORKLOADS)}; repeat or comma-separate")
     parser.add_argument("--model", default=DEFAULT_MODEL, help="preset (tiny, qwen3-0.6b-random) or checkpoint dir")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
@@ -47,11 +48,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", default="benchmarks/results", help="results root; files go to <out>/<gpu-slug>/")
     parser.add_argument("--max-requests", type=int, default=None, help="run only the first N requests")
     parser.add_argument("--full", action="store_true", help="ignore the default slices of slow milestones")
-    parser.add_argument("--config", action="append", default=[], metavar="KEY=VALUE",
+    parser.add_argument("--config", action="append", type=config_item, default=[], metavar="KEY=VALUE",
                         help="engine config override, e.g. max_num_seqs=32 or kv_cache_tokens=65536")
     parser.add_argument("--seed", type=int, default=0, help="weights / sampler seed")
     parser.add_argument("--workload-seed", type=int, default=0, help="seed of the random prompts and lengths")
-    parser.add_argument("--time-limit", type=float, default=None, help="seconds per run before it is abandoned")
     parser.add_argument("--no-progress", action="store_true", help="no tqdm progress bars")
     parser.add_argument("--no-save", action="store_true", help="print the table only")
     parser.add_argument("--tag", default=None, help="append +TAG to the result names (runs with non-default knobs)")
@@ -62,19 +62,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    milestones, workloads = ([v for value in values for v in value.split(",") if v]
-                             for values in (args.milestone, args.workload))
-    for w in workloads:
+    for w in args.workload:
         if w not in WORKLOADS:
             raise SystemExit(f"unknown workload {w!r}: choose from {', '.join(WORKLOADS)}")
-    overrides = parse_overrides(args.config)
     results = []
-    for milestone in milestones:
-        for workload in workloads:
+    for milestone in args.milestone:
+        for workload in args.workload:
             result = run_benchmark(
                 milestone, workload, model=args.model, device=args.device, dtype=args.dtype, seed=args.seed,
                 workload_seed=args.workload_seed, max_requests=args.max_requests, full=args.full,
-                overrides=overrides, use_tqdm=not args.no_progress, time_limit_s=args.time_limit, catch_errors=True,
+                overrides=dict(args.config), use_tqdm=not args.no_progress, catch_errors=True,
                 inject=not args.no_inject, tag=args.tag)
             results.append(result)
             if result["status"] == "skipped":

@@ -90,16 +90,12 @@ def registered_runners() -> dict[str, type[Runner]]:
     return dict(_RUNNERS)
 
 
-def milestone_names() -> list[str]:
-    import milestones
-
-    return sorted(m.name for m in pkgutil.iter_modules(milestones.__path__)
-                  if m.ispkg and m.name[:1] == "m" and m.name[1:3].isdigit())  # not milestones._course
-
-
 def resolve_milestone_module(milestone: str) -> str:
     """``m02`` or ``m02_kv_cache`` -> ``milestones.m02_kv_cache``."""
-    names = milestone_names()
+    import milestones
+
+    names = sorted(m.name for m in pkgutil.iter_modules(milestones.__path__)
+                   if m.ispkg and m.name[:1] == "m" and m.name[1:3].isdigit())  # not milestones._course
     for name in names:
         if milestone in (name, milestone_key(name)):
             return f"milestones.{name}"
@@ -162,11 +158,9 @@ def holds_kv_pool(name: str) -> bool:
     return bool({f.name for f in dataclasses.fields(config_cls)} & set(KV_KNOBS))
 
 
-def make_runner(name: str, workload: Workload, *, model: str, device: str, dtype: str, seed: int,
-                overrides: dict | None = None, kv_tokens: int | None = None, inject: bool = True) -> Runner:
-    """Build the runner called ``name`` (a registered runner or a milestone) for ``workload``."""
-    kwargs = dict(model=model, device=device, dtype=dtype, seed=seed, overrides=overrides, kv_tokens=kv_tokens,
-                  inject=inject)
+def make_runner(name: str, workload: Workload, **kwargs) -> Runner:
+    """Build the runner called ``name`` (a registered runner or a milestone) for ``workload``; ``kwargs`` are the
+    ``Runner`` constructor's."""
     runners = registered_runners()
     if name in runners:
         return runners[name](workload, **kwargs)
@@ -227,12 +221,10 @@ class MilestoneRunner(Runner):
         # Split across ranks (m14), a rank holds 1/N of each token's K/V: the same tokens at any split.
         per_token //= getattr(config, "tensor_parallel_size", 1)
         if workload.kv_budget_gib is not None:
-            budget = int(workload.kv_budget_gib * 2**30)
-            sizing = {"source": f"workload budget: {workload.kv_budget_gib} GiB", "budget_bytes": budget}
+            source, budget = f"workload budget: {workload.kv_budget_gib} GiB", int(workload.kv_budget_gib * 2**30)
         else:
-            budget = kv_tokens * per_token
-            sizing = {"source": f"enough for the workload: {kv_tokens} tokens", "budget_bytes": budget}
-        sizing["bytes_per_token"] = per_token
+            source, budget = f"enough for the workload: {kv_tokens} tokens", kv_tokens * per_token
+        sizing = {"source": source, "budget_bytes": budget, "bytes_per_token": per_token}
         if "kv_cache_memory_bytes" in fields:
             sizing.update(knob="kv_cache_memory_bytes", value=budget)
         elif "kv_cache_tokens" in fields:
@@ -245,9 +237,12 @@ class MilestoneRunner(Runner):
         return sizing
 
     def knobs(self) -> dict:
-        knobs = dataclasses.asdict(self.engine.config)
-        knobs.update(kv_pool_capacity(self.engine))
-        return knobs
+        """The engine's config, plus the K/V pool it resolved: ``kv_pool.capacity`` (token slots, m04 on) and, for a
+        paged pool (m05 on), ``num_blocks`` x ``block_size``; none of these for engines without a pool."""
+        pool = getattr(self.engine, "kv_pool", None)
+        found = {"kv_pool_tokens": getattr(pool, "capacity", None), "kv_pool_blocks": getattr(pool, "num_blocks", None),
+                 "kv_block_size": getattr(pool, "block_size", None)}
+        return {**dataclasses.asdict(self.engine.config), **{k: v for k, v in found.items() if isinstance(v, int)}}
 
     def _params(self, requests: Sequence[RequestSpec]) -> list:
         return [self.SamplingParams(max_tokens=r.max_tokens, temperature=0.0, ignore_eos=True) for r in requests]
@@ -259,9 +254,7 @@ class MilestoneRunner(Runner):
 
     def run_phase(self, phase: Phase, use_tqdm: bool) -> PhaseResult:
         client = self.workload.client
-        if client == "abort":
-            if not has_step_api(self.engine):
-                raise WorkloadNotSupported(f"{self.name} has no step API; workload {self.workload.name} needs one")
+        if client == "abort":  # cannot_run has refused engines without a step API
             self.mode = "step API: the client aborts each request when it has its real length (stop_after)"
             return self._run_steps(phase, None, use_tqdm)
         every = self.workload.params.get("inject_every_decode_steps")
@@ -330,12 +323,3 @@ class MilestoneRunner(Runner):
         if callable(close):  # m14: stop the worker processes now, not whenever the engine is collected
             close()
         del self.engine
-
-
-def kv_pool_capacity(engine) -> dict:
-    """The K/V pool an engine resolved, read defensively: ``kv_pool.capacity`` (token slots, m04 on) and, for
-    a paged pool (m05 on), ``num_blocks`` x ``block_size``. Empty for engines without a pool."""
-    pool = getattr(engine, "kv_pool", None)
-    found = {"kv_pool_tokens": getattr(pool, "capacity", None), "kv_pool_blocks": getattr(pool, "num_blocks", None),
-             "kv_block_size": getattr(pool, "block_size", None)}
-    return {key: value for key, value in found.items() if isinstance(value, int)}

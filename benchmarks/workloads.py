@@ -256,37 +256,22 @@ CHUNKED_LONG = {**CHUNKED, "num_long": 4, "long_prompt_len_range": [16384, 32768
 del CHUNKED_LONG["long_prompt_len"]
 
 
-def _decoders_and_long_prompts(name: str, description: str, params: dict, rng: random.Random,
-                               long_prompt_lens: list[int]) -> Workload:
-    """Decoders first (``group: decoder``), then the long prompts (``group: long_prompt``), one phase."""
+def _chunked(seed: int, name: str, params: dict, description: str) -> Workload:
+    """Decoders first (``group: decoder``), then the long prompts (``group: long_prompt``), one phase; with a
+    ``long_prompt_len_range`` (``chunked-long``), the long prompts' lengths are drawn first."""
+    rng = _rng(name, seed)
+    params = {**params, "seed": seed}
+    if "long_prompt_len_range" in params:
+        params["long_prompt_lens"] = [rng.randint(*params["long_prompt_len_range"]) for _ in range(params["num_long"])]
     decoders = [RequestSpec(_tokens(rng, params["decoder_prompt_len"]), params["decoder_output_len"], group="decoder")
                 for _ in range(params["num_decoders"])]
-    longs = [RequestSpec(_tokens(rng, n), params["long_output_len"], group="long_prompt") for n in long_prompt_lens]
-    total = len(decoders) + len(longs)
-    params = {**params, "max_in_flight": MAX_IN_FLIGHT,
-              "offline_definition": f"all {total} requests submitted at once (decoders first); the metric is the "
-                                    f"inter-token latency of the {len(decoders)} decoders"}
+    longs = [RequestSpec(_tokens(rng, n), params["long_output_len"], group="long_prompt")
+             for n in params.get("long_prompt_lens") or [params["long_prompt_len"]] * params["num_long"]]
+    params.update(max_in_flight=MAX_IN_FLIGHT,
+                  offline_definition=f"all {len(decoders) + len(longs)} requests submitted at once (decoders first); "
+                                     f"the metric is the inter-token latency of the {len(decoders)} decoders")
     return Workload(name, description, params, (Phase(name, tuple(decoders + longs)),), max_num_seqs=MAX_IN_FLIGHT,
                     client="inject")
-
-
-def _chunked(seed: int) -> Workload:
-    c = CHUNKED
-    return _decoders_and_long_prompts(
-        "chunked", "16 short requests decoding while six 2048-token prompts arrive; metric: the decoders' "
-        "inter-token latency (offline engines: all 22 submitted at once, decoders first)",
-        {**c, "seed": seed}, _rng("chunked", seed), [c["long_prompt_len"]] * c["num_long"])
-
-
-def _chunked_long(seed: int) -> Workload:
-    """``chunked`` with prompts long enough that one unchunked prefill costs many decode steps on an H200."""
-    c = CHUNKED_LONG
-    rng = _rng("chunked-long", seed)
-    lengths = [rng.randint(*c["long_prompt_len_range"]) for _ in range(c["num_long"])]
-    return _decoders_and_long_prompts(
-        "chunked-long", "16 short requests decoding while four prompts of 16k..32k tokens arrive; metric: the "
-        "decoders' inter-token latency; needs a model with up to 32,784 positions (qwen3-0.6b-random, not tiny)",
-        {**c, "seed": seed, "long_prompt_lens": lengths}, rng, lengths)
 
 
 _BUILDERS = {
@@ -307,8 +292,14 @@ _BUILDERS = {
     # prefix-large is sized so that prefill is most of the work: what a prefix cache saves end to end
     "prefix-large": partial(_shared_prefix, name="prefix-large", num=256, prefix_len=4096, suffix_len=64,
                             output_len=16),
-    "chunked": _chunked,
-    "chunked-long": _chunked_long,
+    "chunked": partial(_chunked, name="chunked", params=CHUNKED,
+                       description="16 short requests decoding while six 2048-token prompts arrive; metric: the "
+                       "decoders' inter-token latency (offline engines: all 22 submitted at once, decoders first)"),
+    # chunked with prompts long enough that one unchunked prefill costs many decode steps on an H200
+    "chunked-long": partial(_chunked, name="chunked-long", params=CHUNKED_LONG,
+                            description="16 short requests decoding while four prompts of 16k..32k tokens arrive; "
+                            "metric: the decoders' inter-token latency; needs a model with up to 32,784 positions "
+                            "(qwen3-0.6b-random, not tiny)"),
 }
 WORKLOADS: tuple[str, ...] = tuple(_BUILDERS)
 
