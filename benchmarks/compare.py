@@ -56,13 +56,14 @@ def plan_residency(members: Sequence[Member], workload: Workload, model: str, de
     torch_dtype = config.resolve_dtype(resolved)
     shape = model_config(model)
     per_token = kv_bytes_per_token(shape, torch_dtype)
-    pool = (int(workload.kv_budget_gib * 2**30) if workload.kv_budget_gib is not None
-            else kv_tokens_needed(workload) * per_token)
+    default_pool = (int(workload.kv_budget_gib * 2**30) if workload.kv_budget_gib is not None
+                    else kv_tokens_needed(workload) * per_token)
     with_pool = [m for m in members if holds_kv_pool(m.engine)]
+    pool = max((dict(m.overrides).get("kv_cache_memory_bytes", default_pool) for m in with_pool), default=0)
     rows = min(workload.max_num_seqs or 1, workload.num_requests)
     per_batch = 0 if len(with_pool) == len(members) else rows * workload.max_seq_len * per_token
     weights = parameter_count(shape) * torch_dtype.itemsize
-    planned = len(members) * weights + len(with_pool) * pool + per_batch + ACTIVATION_MARGIN
+    planned = len(members) * weights + len(with_pool) * pool + per_batch + ACTIVATION_MARGIN  # pool: the largest
     free = torch.cuda.mem_get_info(resolved)[0]
     together = planned <= MEMORY_FRACTION * free
     return {"residency": "together" if together else "one at a time", "planned_bytes": planned, "free_bytes": free,

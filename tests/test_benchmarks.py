@@ -531,6 +531,13 @@ def test_engines_share_the_gpu_only_when_they_fit(monkeypatch):
     padded_batch = 256 * nano.max_seq_len * per_token
     weights = parameter_count(runners.model_config("qwen3-0.6b-random")) * 2  # bf16
     assert plan["planned_bytes"] == 2 * weights + pool + padded_batch + compare.ACTIVATION_MARGIN
+    # a member's own K/V budget (a suite set's override) is what it will allocate, not the workload's
+    bound = get_workload("memory-bound")
+    two_gib = [compare.Member("m04", (("kv_cache_memory_bytes", 2 * 2**30),)), compare.Member("m05")]
+    plan = compare.plan_residency(two_gib, bound, "qwen3-0.6b-random", "cuda", "auto")
+    assert "2 K/V pool(s) of 4.0 GiB" in plan["reason"]  # the larger of the two: m05's, the workload's 4 GiB
+    plan = compare.plan_residency(two_gib[:1] * 2, bound, "qwen3-0.6b-random", "cuda", "auto")
+    assert "2 K/V pool(s) of 2.0 GiB" in plan["reason"]
 
 
 def test_a_comparison_cut_short_keeps_its_finished_repeats(monkeypatch):
