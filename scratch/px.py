@@ -43,16 +43,23 @@ def _nib(words, P: tl.constexpr, TOP: tl.constexpr):
 
 @triton.jit
 def gemv_px_kernel(xp_ptr, xs_ptr, w_ptr, s_ptr, out_ptr, N, K, stride_wn, stride_sn,
-                   BLOCK_N: tl.constexpr, GPS: tl.constexpr, NUM_STAGES: tl.constexpr, TOP: tl.constexpr):
+                   BLOCK_N: tl.constexpr, GPS: tl.constexpr, NUM_STAGES: tl.constexpr, TOP: tl.constexpr,
+                   TILED: tl.constexpr):
     pid = tl.program_id(0)
     cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     c = tl.arange(0, 16)
     acc = tl.zeros([BLOCK_N, 16], tl.float32)
-    w_rows = w_ptr + cols[:, None] * stride_wn
+    if TILED:  # [N/16, G, 16 rows, 16 words]: group g of rows 16rb..16rb+15 is one contiguous KiB
+        w_rows = w_ptr + ((cols // 16) * (K // 128) * 256 + (cols % 16) * 16)[:, None]
+    else:
+        w_rows = w_ptr + cols[:, None] * stride_wn
     for g0 in tl.range(0, K // 128, GPS, num_stages=NUM_STAGES):
         for t in tl.static_range(GPS):
             g = g0 + t
-            words = tl.load(w_rows + (g * 16 + c)[None, :])
+            if TILED:
+                words = tl.load(w_rows + (g * 256 + c)[None, :])
+            else:
+                words = tl.load(w_rows + (g * 16 + c)[None, :])
             scale = tl.load(s_ptr + cols * stride_sn + g)
             part = tl.zeros([BLOCK_N, 16], tl.float32) + tl.load(xs_ptr + g * 16 + c)[None, :]
             for p in tl.static_range(8):
@@ -61,7 +68,7 @@ def gemv_px_kernel(xp_ptr, xs_ptr, w_ptr, s_ptr, out_ptr, N, K, stride_wn, strid
     tl.store(out_ptr + cols, (tl.sum(acc, axis=1) * UNIT_DOWN).to(out_ptr.dtype.element_ty))
 
 
-def gemv_px(x, qweight, scales, block_n=16, gps=2, warps=1, stages=4, top=True, xp=None, xs=None, prep=True):
+def gemv_px(x, qweight, scales, block_n=16, gps=2, warps=1, stages=4, top=True, xp=None, xs=None, prep=True, tiled=None):
     n, k = qweight.shape[0], x.shape[1]
     g = k // 128
     if xp is None:
@@ -70,8 +77,14 @@ def gemv_px(x, qweight, scales, block_n=16, gps=2, warps=1, stages=4, top=True, 
     if prep:
         prep_x_kernel[(g,)](x, xp, xs, TOP=top, num_warps=1)
     out = x.new_empty((1, n))
-    words = qweight.view(torch.int32)
+    words = (qweight if tiled is None else tiled).view(torch.int32)
     gemv_px_kernel[(triton.cdiv(n, block_n),)](xp, xs, words, scales, out, n, k, words.stride(0), scales.stride(0),
-                                               BLOCK_N=block_n, GPS=gps, NUM_STAGES=stages, TOP=top,
+                                               BLOCK_N=block_n, GPS=gps, NUM_STAGES=stages, TOP=top, TILED=tiled is not None,
                                                num_warps=warps)
     return out
+
+
+def to_tiled(qweight):
+    """[N, K/2] bytes -> [N/16, K/128, 16, 64]: each 128-input group of 16 rows one contiguous KiB."""
+    n, half = qweight.shape
+    return qweight.view(n // 16, 16, half // 64, 64).permute(0, 2, 1, 3).contiguous()
