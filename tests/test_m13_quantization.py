@@ -44,7 +44,8 @@ from milestones.m13_quantization.launch_config import (CANDIDATES, LAUNCH_TABLE,
                                                        choose_launch, choose_split_k, regime)
 from milestones.m13_quantization.matmul_kernels import quantized_matmul, quantized_matmul_reference  # noqa: E402
 from milestones.m13_quantization.quantize import (GROUP_SIZE, QuantizedLinear, bytes_per_weight,  # noqa: E402
-                                                  dequantize_weight, pack_int4, quantize_weight, unpack_int4)
+                                                  dequantize_weight, pack_int4, quantize_weight, tile_int4,
+                                                  unpack_int4, untile_int4)
 
 CUDA = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if CUDA else "cpu")
@@ -85,16 +86,31 @@ def test_int4_packs_element_j_low_and_j_plus_64_high_in_each_group():
     assert torch.equal(unpack_int4(packed), nibbles)
 
 
+def test_int4_tiles_put_a_group_of_16_rows_in_one_contiguous_kib():
+    packed = torch.randint(0, 256, (48, 192), generator=torch.Generator().manual_seed(2), dtype=torch.uint8)
+    tiles = tile_int4(packed)
+    assert tiles.shape == (3, 3, 16, 64) and tiles.is_contiguous()
+    for tile, group in ((0, 0), (2, 1), (1, 2)):
+        assert torch.equal(tiles[tile, group], packed[16 * tile:16 * tile + 16, 64 * group:64 * group + 64])
+    assert torch.equal(untile_int4(tiles), packed) and untile_int4(packed) is packed
+    with pytest.raises(ValueError, match="N = 40 is not a multiple of 16"):
+        tile_int4(packed[:40])
+
+
 def test_bytes_per_weight_is_the_format_arithmetic():
     assert bytes_per_weight(None, torch.bfloat16) == 2 and bytes_per_weight(None, torch.float32) == 4
     assert bytes_per_weight("int8") == 1
     assert bytes_per_weight("int4") == 0.5 + 4 / 128  # a float32 scale per 128 weights
 
 
-def test_quantized_linear_module_matches_its_dequantized_weight():
-    linear = torch.nn.Linear(256, 40, bias=True)
+@pytest.mark.parametrize("out_features", [40, 48], ids=["rows", "tiles"])
+def test_quantized_linear_module_matches_its_dequantized_weight(out_features):
+    """int4 is stored in tiles where N is a multiple of 16 (48), in packed rows otherwise (40)."""
+    linear = torch.nn.Linear(256, out_features, bias=True)
     for method in ("int8", "int4"):
         module = QuantizedLinear.from_linear(linear, method)
+        tiled = method == "int4" and out_features % 16 == 0
+        assert module.qweight.dim() == (4 if tiled else 2) and module.out_features == out_features
         x = torch.randn(3, 7, 256)
         expected = x @ dequantize_weight(module.qweight, module.scales, method).T + linear.bias
         assert torch.allclose(module(x), expected, atol=1e-5)
@@ -177,6 +193,25 @@ def test_quantized_matmul_matches_the_reference(method, config, m, dtype, n, k):
                               method)
 
 
+TILED_CASES = [(LAUNCH_TABLE["int4"]["gemv"], 1), (LAUNCH_TABLE["int4"]["gemv long rows"], 3),
+               (CANDIDATES["gemv"]["n16-k256-w4-s4 magic"], 2), (LAUNCH_TABLE["int4"]["small"], 5),
+               (LAUNCH_TABLE["int4"]["large"], 37), (CANDIDATES["large"]["dequant + cuBLAS"], 9)]
+
+
+@pytest.mark.parametrize("config, m", TILED_CASES, ids=[f"{c.kernel}-n{c.block_n}-m{m}" for c, m in TILED_CASES])
+@pytest.mark.parametrize("n, k", [(48, 384), (32, 512)], ids=["tails", "whole-tiles"])
+def test_every_int4_kernel_reads_tiles_as_it_reads_rows(config, m, n, k):
+    """The same product from ``tile_int4``'s layout: 48 rows leave a partial 32-row block (masked rows of a tile),
+    384 inputs a partial 256-input step; split-K slices the tiles' groups."""
+    x, qweight, scales = matmul_case("int4", m, n, k, torch.float32, seed=4)
+    tiles = tile_int4(qweight)
+    for split_k in ((None, 2) if config.kernel == "gemv" else (None,)):
+        out = quantized_matmul(x, tiles, scales, "int4", config=config, split_k=split_k)
+        assert_close_to_reference(out, x, qweight, scales, "int4")
+        rows = quantized_matmul(x, qweight, scales, "int4", config=config, split_k=split_k)
+        assert torch.allclose(out, rows, rtol=1e-5, atol=1e-6 * rows.abs().max().item())
+
+
 @pytest.mark.parametrize("unpack", ["subnormal", "magic"])
 def test_int4_gemv_keeps_its_precision_over_the_activations_range(unpack):
     """``subnormal`` reads each nibble's bits as a float (``u * 2^-149``) and scales x up by 2^64: products of
@@ -206,6 +241,12 @@ def test_the_wrapper_refuses_bad_shapes_in_one_line():
         quantized_matmul(x, qweight[:, :128], scales, "int8")
     with pytest.raises(ValueError, match="unknown quantization method 'int2'"):
         quantized_matmul(x, qweight, scales, "int2")
+    x, qweight, scales = matmul_case("int4", 1, 32, 256, torch.float32)
+    tiles = tile_int4(qweight)
+    with pytest.raises(ValueError, match=r"int4 qweight for x \(1, 256\) must be torch.uint8 \(2, 2, 16, 64\)"):
+        quantized_matmul(x, tiles[:, :1].contiguous(), scales, "int4")
+    with pytest.raises(ValueError, match="int4 tiles: contiguous"):
+        quantized_matmul(x, tiles.transpose(0, 1), scales, "int4")
 
 
 @cuda_only
@@ -215,6 +256,8 @@ def test_the_wrapper_refuses_bad_shapes_in_one_line():
 def test_qwen3_8b_layer_shapes_on_cuda(method, m, n, k):
     x, qweight, scales = matmul_case(method, m, n, k, torch.bfloat16)
     assert_close_to_reference(quantized_matmul(x, qweight, scales, method), x, qweight, scales, method)
+    if method == "int4":  # the engine's layout
+        assert_close_to_reference(quantized_matmul(x, tile_int4(qweight), scales, method), x, qweight, scales, method)
 
 
 @cuda_only

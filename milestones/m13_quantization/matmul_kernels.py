@@ -61,7 +61,7 @@ from milestones.m08_triton_kernel.device_kernel import device_kernel, runs_inter
 from milestones.m08_triton_kernel.launch_config import sm_count
 
 from .launch_config import UNPACK_MODES, QuantMatmulConfig, choose_launch, choose_split_k, fits_method
-from .quantize import GROUP_SIZE, QUANTIZATION_METHODS
+from .quantize import GROUP_SIZE, QUANTIZATION_METHODS, TILE_ROWS, untile_int4
 
 ACTIVATION_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 DEQUANT_SCRATCH_BYTES = 64 * 2**20  # the dequant path unpacks at most this many bytes of W at a time
@@ -145,6 +145,21 @@ def _int4_group_subnormal(words, x_group_ptr, group_ok, HALF: tl.constexpr, WORD
 
 
 @triton.jit
+def _int4_rows(w_ptr, cols, stride_wn, K, TILED: tl.constexpr, WIDTH: tl.constexpr):
+    """Pointers to the first unit (byte, or int32 word) of each row's group 0, ``[BLOCK_N, 1]``, and the distance
+    from one group of a row to the next, in units. Rows: ``[N, K // 2]``. Tiles (``quantize.tile_int4``):
+    ``[N // 16, K // 128, 16, WIDTH]``, so a group of 16 rows is one contiguous KiB."""
+    if TILED:
+        TILE: tl.constexpr = 16
+        rows = w_ptr + ((cols // TILE) * (K // 128) * (TILE * WIDTH) + (cols % TILE) * WIDTH)[:, None]
+        group_stride = TILE * WIDTH
+    else:
+        rows = w_ptr + cols[:, None] * stride_wn
+        group_stride = WIDTH
+    return rows, group_stride
+
+
+@triton.jit
 def _int8_to_float(q, UNPACK: tl.constexpr):
     """int8 -> float32: ``q``, or, ``MAGIC``, ``u = q + 128`` (0..255) written into the mantissa of 2^23, minus
     2^23 + 128 (``SUBNORMAL`` is treated as ``MAGIC`` here: int8's GEMV is not limited by its instructions)."""
@@ -207,7 +222,7 @@ def _quantized_gemv_kernel(
     stride_xm, stride_wn, stride_sn, stride_om,
     INT4: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP: tl.constexpr, UNPACK: tl.constexpr, ATOMIC: tl.constexpr, EVEN: tl.constexpr, DEFER_SUM: tl.constexpr,
-    NUM_STAGES: tl.constexpr,
+    NUM_STAGES: tl.constexpr, TILED: tl.constexpr,
 ):
     """One program: output rows [pid_n * BLOCK_N, +BLOCK_N) for the ``ROWS`` (1-4) rows of x, over its slice of K.
 
@@ -229,7 +244,10 @@ def _quantized_gemv_kernel(
     # what one load reads of a weight row: int4 words of a group, int4 bytes of a group, or int8 bytes of a step
     WIDTH: tl.constexpr = GROUP // 8 if WORDS else GROUP // 2 if INT4 else BLOCK_K
     j = tl.arange(0, WIDTH)
-    w_rows = w_ptr + cols[:, None] * stride_wn
+    if INT4:
+        w_rows, group_stride = _int4_rows(w_ptr, cols, stride_wn, K, TILED, WIDTH)
+    else:
+        w_rows = w_ptr + cols[:, None] * stride_wn
     if DEFER_SUM:
         acc0 = tl.zeros([BLOCK_N, WIDTH], tl.float32)
     else:
@@ -243,7 +261,7 @@ def _quantized_gemv_kernel(
             HALF: tl.constexpr = GROUP // 2
             for t in tl.static_range(BLOCK_K // GROUP):  # one 128-input group (64 bytes per row) at a time
                 kg = k0 + t * GROUP
-                kb = tl.multiple_of(kg // (GROUP // WIDTH), WIDTH)  # the group's first byte (or word) in the row
+                kb = tl.multiple_of((kg // GROUP) * group_stride, WIDTH)  # the group's first byte (or word)
                 if EVEN:
                     b = tl.load(w_rows + (kb + j)[None, :])  # [BLOCK_N, WIDTH]: bytes (uint8) or words (int32)
                     scale = tl.load(s_ptr + cols * stride_sn + kg // GROUP)  # [BLOCK_N]
@@ -325,6 +343,7 @@ def _quantized_dot_kernel(
     stride_xm, stride_wn, stride_sn, stride_om,
     INT4: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP: tl.constexpr, GROUP_M: tl.constexpr, DOT_FP32: tl.constexpr, IEEE: tl.constexpr, EVEN_K: tl.constexpr,
+    TILED: tl.constexpr,
 ):
     """One program: the ``[BLOCK_M, BLOCK_N]`` tile of the output; W's tile unpacked and fed to ``tl.dot``.
     ``EVEN_K``: K is whole tiles, so int8's loads need no mask along K."""
@@ -347,12 +366,13 @@ def _quantized_dot_kernel(
     if INT4:
         HALF: tl.constexpr = GROUP // 2
         j = tl.arange(0, HALF)
+        w_rows, group_stride = _int4_rows(w_ptr, cols, stride_wn, K, TILED, HALF)
         for k0 in range(0, K, BLOCK_K):
             for t in tl.static_range(BLOCK_K // GROUP):  # K is a multiple of GROUP, BLOCK_K of GROUP
                 kg = k0 + t * GROUP
-                kb = tl.multiple_of(kg // 2, HALF)  # the group's first byte in the row
+                kb = tl.multiple_of((kg // GROUP) * group_stride, HALF)  # the group's first byte
                 group_ok = (kg + j) < K  # [HALF]: all true or all false (whole groups)
-                b = tl.load(w_ptr + cols[:, None] * stride_wn + (kb + j)[None, :],
+                b = tl.load(w_rows + (kb + j)[None, :],
                             mask=col_ok[:, None] & group_ok[None, :], other=0).to(tl.int32)  # [BLOCK_N, HALF]
                 # a group past K (the last step of a K that BLOCK_K does not divide) has x = 0: any finite scale
                 # will do, read from a valid address
@@ -400,7 +420,7 @@ def _quantized_dot_kernel(
 @triton.jit
 def _dequantize_kernel(
     w_ptr, s_ptr, out_ptr, N, K, stride_wn, stride_sn, stride_on,
-    INT4: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP: tl.constexpr,
+    INT4: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP: tl.constexpr, TILED: tl.constexpr,
 ):
     """W's rows [pid_n * BLOCK_N, +BLOCK_N), inputs [pid_k * BLOCK_K, +BLOCK_K), written as floats."""
     pid_n = tl.program_id(0)
@@ -414,8 +434,9 @@ def _dequantize_kernel(
         j = tl.arange(0, HALF)
         scale_mask = col_ok[:, None] & (g * GROUP < K)[None, :]  # [BLOCK_N, GROUPS]
         mask = scale_mask[:, :, None] & (j < HALF)[None, None, :]
-        b = tl.load(w_ptr + cols[:, None, None] * stride_wn + (g[:, None] * HALF + j[None, :])[None, :, :],
-                    mask=mask, other=0).to(tl.int32)
+        w_rows, group_stride = _int4_rows(w_ptr, cols, stride_wn, K, TILED, HALF)
+        b = tl.load(w_rows[:, :, None] + (g[:, None] * group_stride + j[None, :])[None, :, :], mask=mask,
+                    other=0).to(tl.int32)
         scale = tl.load(s_ptr + cols[:, None] * stride_sn + g[None, :], mask=scale_mask, other=0.0)
         lo, hi = _unpack_int4(b, MAGIC)
         k_lo = (g[:, None] * GROUP + j[None, :])[None, :, :]
@@ -435,14 +456,17 @@ def _dequantize_kernel(
 
 
 def _check(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, method: str) -> tuple[int, int, int]:
-    """Shapes, dtypes and devices (never values); returns (M, N, K)."""
+    """Shapes, dtypes and devices (never values); returns (M, N, K). int4's qweight may be packed rows
+    ``[N, K // 2]`` or tiles ``[N // 16, K // 128, 16, 64]`` (``quantize.tile_int4``)."""
     if method not in QUANTIZATION_METHODS:
         raise ValueError(f"unknown quantization method {method!r}: use {' or '.join(QUANTIZATION_METHODS)}")
-    if x.dim() != 2 or qweight.dim() != 2:
-        raise ValueError(f"x must be [M, K] and qweight [N, K] (int8) or [N, K // 2] (int4); got x "
-                         f"{tuple(x.shape)}, qweight {tuple(qweight.shape)}")
+    tiled = method == "int4" and qweight.dim() == 4
+    if x.dim() != 2 or (qweight.dim() != 2 and not tiled):
+        raise ValueError(f"x must be [M, K] and qweight [N, K] (int8), [N, K // 2] or [N // {TILE_ROWS}, K // "
+                         f"{GROUP_SIZE}, {TILE_ROWS}, {GROUP_SIZE // 2}] (int4); got x {tuple(x.shape)}, qweight "
+                         f"{tuple(qweight.shape)}")
     m, k = x.shape
-    n = qweight.shape[0]
+    n = qweight.shape[0] * (TILE_ROWS if tiled else 1)
     if x.dtype not in ACTIVATION_DTYPES:
         raise ValueError(f"x must be float32, float16 or bfloat16, got {x.dtype}")
     if method == "int8":
@@ -450,15 +474,17 @@ def _check(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, method:
     else:
         if k % GROUP_SIZE:
             raise ValueError(f"int4 needs K (the inputs, {k}) to be a multiple of its group size {GROUP_SIZE}")
-        expected = ((n, k // 2), torch.uint8, (n, k // GROUP_SIZE))
+        shape = (n // TILE_ROWS, k // GROUP_SIZE, TILE_ROWS, GROUP_SIZE // 2) if tiled else (n, k // 2)
+        expected = (shape, torch.uint8, (n, k // GROUP_SIZE))
     shape, dtype, scale_shape = expected
     if tuple(qweight.shape) != shape or qweight.dtype != dtype:
         raise ValueError(f"{method} qweight for x {tuple(x.shape)} must be {dtype} {shape}, got {qweight.dtype} "
                          f"{tuple(qweight.shape)}")
     if tuple(scales.shape) != scale_shape or scales.dtype != torch.float32:
         raise ValueError(f"{method} scales must be float32 {scale_shape}, got {scales.dtype} {tuple(scales.shape)}")
-    if x.stride(-1) != 1 or qweight.stride(-1) != 1 or scales.stride(-1) != 1:
-        raise ValueError("x, qweight and scales must be contiguous along their last dimension")
+    if x.stride(-1) != 1 or qweight.stride(-1) != 1 or scales.stride(-1) != 1 or (tiled and not qweight.is_contiguous()):
+        raise ValueError("x, qweight and scales must be contiguous along their last dimension (int4 tiles: "
+                         "contiguous)")
     if not (x.device == qweight.device == scales.device):
         raise ValueError(f"all tensors must be on one device; got {x.device}, {qweight.device}, {scales.device}")
     return m, n, k
@@ -527,7 +553,7 @@ def _gemv(x, qweight, scales, m, n, k, int4, config, split_k) -> torch.Tensor:
         INT4=int4, ROWS=m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP=GROUP_SIZE,
         UNPACK=UNPACK_MODES.index(config.unpack), ATOMIC=atomic, EVEN=even,
         DEFER_SUM=config.defer_sum and per_thread <= MAX_DEFERRED_PER_THREAD,
-        NUM_STAGES=config.num_stages, num_warps=config.num_warps,
+        NUM_STAGES=config.num_stages, TILED=qweight.dim() == 4, num_warps=config.num_warps,
     )
     return out.to(x.dtype) if atomic else out
 
@@ -545,24 +571,29 @@ def _dot(x, qweight, scales, m, n, k, int4, config) -> torch.Tensor:
         x, qweight, scales, out, m, n, k, x.stride(0), qweight.stride(0), scales.stride(0), out.stride(0),
         INT4=int4, BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=block_k, GROUP=GROUP_SIZE,
         GROUP_M=config.group_m, DOT_FP32=_dot_fp32(x), IEEE=x.dtype == torch.float32, EVEN_K=k % block_k == 0,
-        num_warps=config.num_warps, num_stages=config.num_stages,
+        TILED=qweight.dim() == 4, num_warps=config.num_warps, num_stages=config.num_stages,
     )
     return out
 
 
 def dequantize(qweight: torch.Tensor, scales: torch.Tensor, method: str, dtype: torch.dtype,
                rows: slice | None = None, config: QuantMatmulConfig | None = None) -> torch.Tensor:
-    """``W[rows]`` as a dense ``dtype`` matrix, unpacked by ``_dequantize_kernel`` (the dequant path's scratch)."""
-    rows = rows or slice(0, qweight.shape[0])
-    w, s = qweight[rows], scales[rows]
-    n = w.shape[0]
-    k = w.shape[1] * (2 if method == "int4" else 1)
+    """``W[rows]`` as a dense ``dtype`` matrix, unpacked by ``_dequantize_kernel`` (the dequant path's scratch).
+    int4 tiles: ``rows`` start and stop on whole tiles (multiples of 16)."""
+    rows = rows or slice(0, scales.shape[0])
+    tiled = qweight.dim() == 4
+    if tiled and rows.start % TILE_ROWS:
+        raise ValueError(f"int4 tiles are dequantized whole: rows must start at a multiple of {TILE_ROWS}")
+    w = qweight[rows.start // TILE_ROWS:-(-rows.stop // TILE_ROWS)] if tiled else qweight[rows]
+    s = scales[rows]
+    n = s.shape[0]
+    k = 2 * w.shape[-1] * (w.shape[1] if tiled else 1) if method == "int4" else w.shape[1]
     config = config or QuantMatmulConfig("dequant", block_n=64, block_k=256, num_warps=4, num_stages=2)
     block_k = max(config.block_k, GROUP_SIZE) if method == "int4" else config.block_k
     out = torch.empty((n, k), dtype=dtype, device=qweight.device)
     _dequantize_kernel[(triton.cdiv(n, config.block_n), triton.cdiv(k, block_k))](
         w, s, out, n, k, w.stride(0), s.stride(0), out.stride(0),
-        INT4=method == "int4", BLOCK_N=config.block_n, BLOCK_K=block_k, GROUP=GROUP_SIZE,
+        INT4=method == "int4", BLOCK_N=config.block_n, BLOCK_K=block_k, GROUP=GROUP_SIZE, TILED=tiled,
         num_warps=config.num_warps,
     )
     return out
@@ -571,6 +602,7 @@ def dequantize(qweight: torch.Tensor, scales: torch.Tensor, method: str, dtype: 
 def _dequant_then_cublas(x, qweight, scales, n, k, int4, config) -> torch.Tensor:
     method = "int4" if int4 else "int8"
     rows_per_slice = max(config.block_n, DEQUANT_SCRATCH_BYTES // (k * x.element_size()))
+    rows_per_slice = -(-rows_per_slice // TILE_ROWS) * TILE_ROWS  # whole tiles (int4 in tiles)
     if rows_per_slice >= n:
         return F.linear(x, dequantize(qweight, scales, method, x.dtype, config=config))
     out = x.new_empty((x.shape[0], n))
