@@ -125,20 +125,20 @@ def test_regimes_and_split_k_for_qwen3_8b_shapes():
                                                                 "prefill"]
     words, long_rows = LAUNCH_TABLE["int4"]["gemv"], LAUNCH_TABLE["int4"]["gemv long rows"]
     assert (words.unpack, words.num_warps, words.block_n, long_rows.unpack, long_rows.block_n) == (
-        "subnormal", 1, 16, "subnormal", 32)
+        "subnormal", 1, 32, "subnormal", 32)
     chosen = {}
     for n, k in ((6144, 4096), (4096, 4096), (24576, 4096), (4096, 12288), (151936, 4096)):
         config, split = choose_launch("int4", 1, n, k, 132)
         assert config.unpack == "subnormal" and config.num_warps == 1
         chosen[n, k] = (config.block_n, split)
-    # 2 programs per SM: 16 rows where N allows (384 programs for q/k/v); o_proj in rows of 8 (512 programs);
-    # down_proj's long rows in 32 with K in 4 slices (128 x 4 programs)
-    assert chosen == {(6144, 4096): (16, 1), (4096, 4096): (8, 1), (24576, 4096): (16, 1), (4096, 12288): (32, 4),
-                      (151936, 4096): (16, 1)}
+    # 2 programs per SM: 32 rows where N allows (gate_up, the LM head), 16 for q/k/v (384 programs), 8 for o_proj
+    # (512 programs); down_proj's long rows in 32 with K in 4 slices (128 x 4 programs)
+    assert chosen == {(6144, 4096): (16, 1), (4096, 4096): (8, 1), (24576, 4096): (32, 1), (4096, 12288): (32, 4),
+                      (151936, 4096): (32, 1)}
     config, split = choose_launch("int4", 1, 1024, 2048, 132)  # Qwen3-0.6B's o_proj: 64 programs of 16 rows
     assert (config.block_n, split) == (8, 2)  # 128 programs of 8 rows, K in 2 slices: 256 programs
-    assert choose_split_k(1, 256, 8192, 132, words) == 9  # 16 programs: K cut in 9, 144 programs
-    assert choose_split_k(1, 128, 8192, 132, words) == 16  # 8 programs: K cut in 16 (the most)
+    assert choose_split_k(1, 512, 8192, 132, words) == 9  # 16 programs: K cut in 9, 144 programs
+    assert choose_split_k(1, 256, 8192, 132, words) == 16  # 8 programs: K cut in 16 (the most)
     assert choose_split_k(1, 256, 1024, 132, words) == 4  # ...but never into slices shorter than block_k
     assert choose_split_k(1, 256, 256, 132, words) == 1
     config, split = choose_launch("int8", 64, 4096, 4096, 132)

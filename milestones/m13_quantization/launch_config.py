@@ -88,8 +88,9 @@ def regime(m: int) -> str:
 
 # One configuration per method and regime. gemv: measured on the H200 at Qwen3-8B's five shapes, batch 1. int8
 # (quant_bench --gemv-grid, results/h200/quant_bench+gemv-grid.json): 8 rows x 512 inputs per step with 2 warps,
-# 4 stages deep. int4 (results/h200/int4_gemv_grid.json): the words kernel with one warp of 16 rows, 4 stages deep;
-# down_proj's long rows with 32 rows a program and K in slices. The tensor-core regimes keep their design defaults
+# 4 stages deep. int4 on tiles (results/h200/int4_tiles_grid.json): the words kernel with one warp of 32 rows,
+# 3 stages deep (16 or 8 rows where N gives fewer programs, gemv_for_shape); down_proj's long rows with 32 rows a
+# program and K in slices. The tensor-core regimes keep their design defaults
 # (pending a full quant_bench run). Compiled for sm_90 (tests/compile_m13_for_gpu.py --registers), nothing spills.
 LAUNCH_TABLE: dict[str, dict[str, QuantMatmulConfig]] = {
     "int8": {
@@ -99,7 +100,7 @@ LAUNCH_TABLE: dict[str, dict[str, QuantMatmulConfig]] = {
         "prefill": QuantMatmulConfig("dot", block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=3),
     },
     "int4": {
-        "gemv": QuantMatmulConfig("gemv", block_n=16, block_k=256, num_warps=1, num_stages=4),
+        "gemv": QuantMatmulConfig("gemv", block_n=32, block_k=256, num_warps=1, num_stages=3),
         "gemv long rows": QuantMatmulConfig("gemv", block_n=32, block_k=256, num_warps=1, num_stages=3,
                                             min_programs_per_sm=3),
         "small": QuantMatmulConfig("dot", block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=4),
