@@ -16,9 +16,12 @@ next tiles' loads in flight meanwhile (``tl.range``'s pipelining)::
     int4:  lo = float(b & 15) - 8, hi = float(b >> 4) - 8  (b: the bytes of one 128-input group, [BLOCK_N, 64])
            acc[m, n] += scale[n, g] * (sum_j x[m, 128g + j] * lo[n, j] + x[m, 128g + 64 + j] * hi[n, j])
 
-Streaming 4 TB/s of int4 means unpacking ~8 billion weights per second: the ALUs, not memory, become the limit
-(an H200 issues about 33 thousand billion thread-instructions a second, so 4.2 TB/s allows 8 a byte). Three ways
-to turn a nibble ``u`` into a float, ``QuantMatmulConfig.unpack``:
+int4 may be stored in packed rows or in tiles (``quantize.tile_int4``: each group of 16 rows one contiguous KiB);
+``_int4_rows`` turns either into the tile's addresses, so each step of a program reads whole KiBs from tiles.
+
+Streaming 4 TB/s of int4 means unpacking ~8 billion weights per second, so the unpacking must be cheap (an H200
+issues about 33 thousand billion thread-instructions a second: 4.2 TB/s allows 8 a byte). Three ways to turn a
+nibble ``u`` into a float, ``QuantMatmulConfig.unpack``:
 
     convert    float(u) - 8: an int-to-float conversion, a quarter of an add's rate or less.
     magic      bits(2^23) | u is the float 2^23 + u, so float(u) = (bits | u) - 2^23: an OR and a subtraction.
@@ -33,7 +36,9 @@ to turn a nibble ``u`` into a float, ``QuantMatmulConfig.unpack``:
                thread also widened two inputs per byte it read.
 
 int8 keeps ``magic`` (``u = q ^ 0x80`` is ``q + 128``): its GEMV reads twice the bytes per weight, and reached
-its target without more.
+its target without more. Below ~7 instructions a byte the words kernel no longer waits on them: on the H200 a
+variant with 40% fewer streamed no faster, while tiles made its long matmuls up to 22% faster
+(``docs/m13-quantization.md``, "Two guesses tested").
 
 **dot** (batch 5+, prompt chunks, ``_quantized_dot_kernel``): the classic tiled matmul (``BLOCK_M`` rows of x by
 ``BLOCK_N`` rows of W, grouped so that tiles reuse W from L2), whose W tile is unpacked to the activations'
