@@ -95,10 +95,10 @@ def gemv_grid(method: str) -> dict[str, QuantMatmulConfig]:
 def candidates_for(method: str, m: int, quick: bool, grid: bool = False) -> dict[str, QuantMatmulConfig]:
     """Configurations timed for ``method`` at ``M`` rows: the launch table's entry, and with a full run every
     candidate of every regime that runs at this ``M`` (``grid``: gemv's grid instead, where gemv runs)."""
-    table = {f"table {regime(m)}": LAUNCH_TABLE[method][regime(m)]}
+    table = {f"table {regime(m, method)}": LAUNCH_TABLE[method][regime(m, method)]}
     if quick:
         return table
-    if grid and regime(m) == "gemv":
+    if grid and regime(m, method) == "gemv":
         return table | {name: c for name, c in gemv_grid(method).items() if fits_method(c, method)}
     found = {name: config for kind, configs in CANDIDATES.items() if m in CANDIDATE_BATCHES[kind]
              for name, config in configs.items() if fits_method(config, method)}
@@ -140,7 +140,7 @@ def recommend(rows: list[dict]) -> dict:
     for method, kind in itertools.product(table, ("gemv", "small", "large", "prefill")):
         times: dict[str, dict] = {}  # config name -> (shape, M) -> ms, over the cells of this method and regime
         for r in rows:
-            if r["method"] == method and regime(r["m"]) == kind:
+            if r["method"] == method and regime(r["m"], method) == kind:
                 times.setdefault(r["config_name"], {})[(r["shape"], r["m"])] = r["ms"]
         cells = {cell for per_config in times.values() for cell in per_config}
         best = {cell: min(t[cell] for t in times.values() if cell in t) for cell in cells}

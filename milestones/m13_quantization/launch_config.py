@@ -3,12 +3,17 @@
 ``out[M, N] = x[M, K] @ W[N, K]^T`` with ``W`` quantized. Four regimes, decided from ``M`` alone (a Python int,
 so a captured CUDA graph always replays the launch it recorded):
 
-    gemv    M <= GEMV_MAX_M (decode at batch 1-4)   every weight byte is used by only M rows: pure streaming.
+    gemv    M <= GEMV_MAX_M (decode at batch 1-4 in int8, 1-2 in int4)   every weight byte is used by only M
+            rows: pure streaming.
             One program per BLOCK_N output rows (and per slice of K when N alone gives too few programs):
             unpack in registers, multiply-add on the CUDA cores, no tensor cores (a 16-row tl.dot would spend
             16x the multiplies on padding).
-    small   M <= SMALL_MAX_M (decode at batch 5-32)  a tile of M rows (padded to 16) on the tensor cores:
-            the weight tile is unpacked to bf16 in registers and fed to ``tl.dot``.
+    small   M <= SMALL_MAX_M (decode at batch 3-32)  a tile of M rows (padded to 16) on the tensor cores:
+            the weight tile is unpacked to bf16 in registers and fed to ``tl.dot``. Unpacked once for all rows,
+            where the GEMV unpacks and multiplies each weight once per row on the CUDA cores: on the H200 int4's
+            GEMV takes 3.80 ms a Qwen3-8B step at 2 rows and 7.13 at 4, the tensor cores 5.35 at both
+            (results/h200/m13_step_times+small-batches.json), so int4 leaves the GEMV after 2 rows. int8's GEMV
+            has not been measured against them at 2-4 rows and keeps 4.
     large   M <= LARGE_MAX_M (decode at batch 33-512)  the same kernel with larger tiles, or ``dequant``:
             unpack the weight into a bf16 scratch, a slice of rows at a time, and let cuBLAS do the product.
     prefill M > LARGE_MAX_M (prompt chunks)  the same choice where the product is thousands of rows: there the
@@ -25,7 +30,7 @@ from dataclasses import dataclass, replace
 
 KERNELS = ("gemv", "dot", "dequant")
 UNPACK_MODES = ("convert", "magic", "subnormal")  # gemv: nibbles to floats (QuantMatmulConfig)
-GEMV_MAX_M = 4
+GEMV_MAX_M = {"int8": 4, "int4": 2}  # rows of x up to which each method runs the gemv regime
 SMALL_MAX_M = 32
 LARGE_MAX_M = 512
 MAX_SPLIT_K = 16
@@ -80,8 +85,8 @@ class QuantMatmulConfig:
                              f"group_m={self.group_m}")
 
 
-def regime(m: int) -> str:
-    if m <= GEMV_MAX_M:
+def regime(m: int, method: str = "int8") -> str:
+    if m <= GEMV_MAX_M[method]:
         return "gemv"
     return "small" if m <= SMALL_MAX_M else "large" if m <= LARGE_MAX_M else "prefill"
 
@@ -197,7 +202,7 @@ def choose_launch(method: str, m: int, n: int, k: int, num_sms: int,
                   table: dict[str, dict[str, QuantMatmulConfig]] = LAUNCH_TABLE) -> tuple[QuantMatmulConfig, int]:
     """``(config, split_k)`` of one launch: the table's entry for ``M``'s regime (``gemv``: its ``block_n``
     fitted to N by ``gemv_for_shape``)."""
-    config = table[method][regime(m)]
+    config = table[method][regime(m, method)]
     if config.kernel == "gemv":
         config = gemv_for_shape(config, n, k, num_sms, table[method].get("gemv long rows"))
     return config, choose_split_k(m, n, k, num_sms, config)

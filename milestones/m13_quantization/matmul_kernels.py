@@ -5,12 +5,12 @@ per row, or as int4 nibbles with one scale per row and 128-input group (``quanti
 kernel reads every weight byte once from memory, turns it into a float in registers and multiplies it there:
 the bytes read per step shrink 2x (int8) or ~3.8x (int4) against bf16, the arithmetic does not.
 
-**gemv** (decode at batch 1-4, ``_quantized_gemv_kernel``): one program per ``BLOCK_N`` output rows (and per
-slice of K if N alone gives too few programs: split-K, the slices added with float32 atomics). Each loop step
-loads a ``[BLOCK_N, BLOCK_K]`` tile of weight bytes (int4: one ``[BLOCK_N, 64]`` tile per 128-input group;
-contiguous along K, so 16-byte loads), unpacks it, and multiply-adds it with each of the ``M`` rows of ``x`` on
-the CUDA cores, every tensor kept in the tile's own two-dimensional layout (no shared-memory shuffles), the
-next tiles' loads in flight meanwhile (``tl.range``'s pipelining)::
+**gemv** (decode at batch 1-4 in int8, 1-2 in int4, ``_quantized_gemv_kernel``): one program per ``BLOCK_N`` output
+rows (and per slice of K if N alone gives too few programs: split-K, the slices added with float32 atomics). Each
+loop step loads a ``[BLOCK_N, BLOCK_K]`` tile of weight bytes (int4: one ``[BLOCK_N, 64]`` tile per 128-input group;
+contiguous along K, so 16-byte loads), unpacks it, and multiply-adds it with each of the ``M`` rows of ``x`` on the
+CUDA cores, every tensor kept in the tile's own two-dimensional layout (no shared-memory shuffles), the next tiles'
+loads in flight meanwhile (``tl.range``'s pipelining)::
 
     int8:  w = float(q)                                   acc[m, n] += sum_k x[m, k] * w[n, k]
     int4:  lo = float(b & 15) - 8, hi = float(b >> 4) - 8  (b: the bytes of one 128-input group, [BLOCK_N, 64])
@@ -40,12 +40,12 @@ its target without more. Below ~7 instructions a byte the words kernel no longer
 variant with 40% fewer streamed no faster, while tiles made its long matmuls up to 22% faster
 (``docs/m13-quantization.md``, "Two guesses tested").
 
-**dot** (batch 5+, prompt chunks, ``_quantized_dot_kernel``): the classic tiled matmul (``BLOCK_M`` rows of x by
-``BLOCK_N`` rows of W, grouped so that tiles reuse W from L2), whose W tile is unpacked to the activations'
-dtype and fed to ``tl.dot`` on the tensor cores. int8: the integers (exact in bf16) go into the dot and each
-column's scale multiplies the float32 result at the end. int4: each group's scale is multiplied into the unpacked
-tile before its dot (a bf16 rounding of 1/256, beside the format's own step of 1/14 of the range), so every dot
-accumulates into one float32 tile; a separate product per group would double the registers the tile needs.
+**dot** (batch 5+ in int8, 3+ in int4, prompt chunks, ``_quantized_dot_kernel``): the classic tiled matmul
+(``BLOCK_M`` rows of x by ``BLOCK_N`` rows of W, grouped so that tiles reuse W from L2), whose W tile is unpacked to
+the activations' dtype and fed to ``tl.dot`` on the tensor cores. int8: the integers (exact in bf16) go into the dot
+and each column's scale multiplies the float32 result at the end. int4: each group's scale is multiplied into the
+unpacked tile before its dot (a bf16 rounding of 1/256, beside the format's own step of 1/14 of the range), so every
+dot accumulates into one float32 tile; a separate product per group would double the registers the tile needs.
 
 **dequant** (very large M, ``_dequantize_kernel``): unpack a slice of W's rows into a bf16 scratch and call
 ``F.linear`` (cuBLAS) on it, slice after slice; at thousands of rows the product dwarfs the unpacking.
@@ -487,7 +487,8 @@ def _check(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, method:
                          f"{tuple(qweight.shape)}")
     if tuple(scales.shape) != scale_shape or scales.dtype != torch.float32:
         raise ValueError(f"{method} scales must be float32 {scale_shape}, got {scales.dtype} {tuple(scales.shape)}")
-    if x.stride(-1) != 1 or qweight.stride(-1) != 1 or scales.stride(-1) != 1 or (tiled and not qweight.is_contiguous()):
+    contiguous = x.stride(-1) == 1 and qweight.stride(-1) == 1 and scales.stride(-1) == 1
+    if not contiguous or (tiled and not qweight.is_contiguous()):
         raise ValueError("x, qweight and scales must be contiguous along their last dimension (int4 tiles: "
                          "contiguous)")
     if not (x.device == qweight.device == scales.device):
