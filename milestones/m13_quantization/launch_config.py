@@ -8,8 +8,8 @@ so a captured CUDA graph always replays the launch it recorded):
             One program per BLOCK_N output rows (and per slice of K when N alone gives too few programs):
             unpack in registers, multiply-add on the CUDA cores, no tensor cores (a 16-row tl.dot would spend
             16x the multiplies on padding).
-    small   M <= SMALL_MAX_M (decode at batch 3-32)  a tile of M rows (padded to 16) on the tensor cores:
-            the weight tile is unpacked to bf16 in registers and fed to ``tl.dot``. Unpacked once for all rows,
+    small   M <= SMALL_MAX_M (decode at batch 5-32 in int8, 3-32 in int4)  a tile of M rows (padded to 16) on
+            the tensor cores: the weight tile is unpacked to bf16 in registers and fed to ``tl.dot``. Unpacked once for all rows,
             where the GEMV unpacks and multiplies each weight once per row on the CUDA cores: on the H200 int4's
             GEMV takes 3.80 ms a Qwen3-8B step at 2 rows and 7.13 at 4, the tensor cores 5.35 at both
             (results/h200/m13_step_times+small-batches.json), so int4 leaves the GEMV after 2 rows. int8's GEMV
@@ -85,7 +85,7 @@ class QuantMatmulConfig:
                              f"group_m={self.group_m}")
 
 
-def regime(m: int, method: str = "int8") -> str:
+def regime(m: int, method: str) -> str:
     if m <= GEMV_MAX_M[method]:
         return "gemv"
     return "small" if m <= SMALL_MAX_M else "large" if m <= LARGE_MAX_M else "prefill"

@@ -19,7 +19,7 @@ loads in flight meanwhile (``tl.range``'s pipelining)::
 int4 may be stored in packed rows or in tiles (``quantize.tile_int4``: each group of 16 rows one contiguous KiB);
 ``_int4_rows`` turns either into the tile's addresses, so each step of a program reads whole KiBs from tiles.
 
-Streaming 4 TB/s of int4 means unpacking ~8 billion weights per second, so the unpacking must be cheap (an H200
+Streaming 4 TB/s of int4 means unpacking ~8 trillion weights per second, so the unpacking must be cheap (an H200
 issues about 33 thousand billion thread-instructions a second: 4.2 TB/s allows 8 a byte). Three ways to turn a
 nibble ``u`` into a float, ``QuantMatmulConfig.unpack``:
 
@@ -36,9 +36,11 @@ nibble ``u`` into a float, ``QuantMatmulConfig.unpack``:
                thread also widened two inputs per byte it read.
 
 int8 keeps ``magic`` (``u = q ^ 0x80`` is ``q + 128``): its GEMV reads twice the bytes per weight, and reached
-its target without more. Below ~7 instructions a byte the words kernel no longer waits on them: on the H200 a
-variant with 40% fewer streamed no faster, while tiles made its long matmuls up to 22% faster
-(``docs/m13-quantization.md``, "Two guesses tested").
+its target without more.
+
+The words kernel's whole loop (loads and addresses included) issues 7-9.5 instructions a byte, and it is not
+waiting on them: on the H200 a variant with 25-35% fewer streamed no faster, while tiles cut its long matmuls' time
+by 5% at the same launch and 22% with wider programs (``docs/m13-quantization.md``, "Two guesses tested").
 
 **dot** (batch 5+ in int8, 3+ in int4, prompt chunks, ``_quantized_dot_kernel``): the classic tiled matmul
 (``BLOCK_M`` rows of x by ``BLOCK_N`` rows of W, grouped so that tiles reuse W from L2), whose W tile is unpacked to
@@ -83,6 +85,7 @@ SUBNORMAL = tl.constexpr(2)
 # exact). |x| < 2^64 is all it asks of the activations; of the arithmetic, that subnormals are kept, not flushed
 # to zero: Triton's float32 default on NVIDIA GPUs (no .ftz), and numpy's in the interpreter. The tests on CUDA
 # compare against the float reference, so a flushing build would fail them.
+TILE = tl.constexpr(TILE_ROWS)  # int4 in tiles: rows per tile (quantize.tile_int4)
 X_UP = tl.constexpr(18446744073709551616.0)  # 2^64
 NIBBLE_OFFSET = tl.constexpr(-2.0679515313825692e-25)  # -8 * 2^-85: a nibble's -8, in the products' units
 UNIT_DOWN = tl.constexpr(3.8685626227668134e25)  # 2^85
@@ -150,13 +153,12 @@ def _int4_group_subnormal(words, x_group_ptr, group_ok, HALF: tl.constexpr, WORD
 
 
 @triton.jit
-def _int4_rows(w_ptr, cols, stride_wn, K, TILED: tl.constexpr, WIDTH: tl.constexpr):
+def _int4_rows(w_ptr, cols, stride_wn, K, TILED: tl.constexpr, WIDTH: tl.constexpr, GROUP: tl.constexpr):
     """Pointers to the first unit (byte, or int32 word) of each row's group 0, ``[BLOCK_N, 1]``, and the distance
     from one group of a row to the next, in units. Rows: ``[N, K // 2]``. Tiles (``quantize.tile_int4``):
     ``[N // 16, K // 128, 16, WIDTH]``, so a group of 16 rows is one contiguous KiB."""
     if TILED:
-        TILE: tl.constexpr = 16
-        rows = w_ptr + ((cols // TILE) * (K // 128) * (TILE * WIDTH) + (cols % TILE) * WIDTH)[:, None]
+        rows = w_ptr + ((cols // TILE) * (K // GROUP) * (TILE * WIDTH) + (cols % TILE) * WIDTH)[:, None]
         group_stride = TILE * WIDTH
     else:
         rows = w_ptr + cols[:, None] * stride_wn
@@ -250,7 +252,7 @@ def _quantized_gemv_kernel(
     WIDTH: tl.constexpr = GROUP // 8 if WORDS else GROUP // 2 if INT4 else BLOCK_K
     j = tl.arange(0, WIDTH)
     if INT4:
-        w_rows, group_stride = _int4_rows(w_ptr, cols, stride_wn, K, TILED, WIDTH)
+        w_rows, group_stride = _int4_rows(w_ptr, cols, stride_wn, K, TILED, WIDTH, GROUP)
     else:
         w_rows = w_ptr + cols[:, None] * stride_wn
     if DEFER_SUM:
@@ -371,7 +373,7 @@ def _quantized_dot_kernel(
     if INT4:
         HALF: tl.constexpr = GROUP // 2
         j = tl.arange(0, HALF)
-        w_rows, group_stride = _int4_rows(w_ptr, cols, stride_wn, K, TILED, HALF)
+        w_rows, group_stride = _int4_rows(w_ptr, cols, stride_wn, K, TILED, HALF, GROUP)
         for k0 in range(0, K, BLOCK_K):
             for t in tl.static_range(BLOCK_K // GROUP):  # K is a multiple of GROUP, BLOCK_K of GROUP
                 kg = k0 + t * GROUP
@@ -439,7 +441,7 @@ def _dequantize_kernel(
         j = tl.arange(0, HALF)
         scale_mask = col_ok[:, None] & (g * GROUP < K)[None, :]  # [BLOCK_N, GROUPS]
         mask = scale_mask[:, :, None] & (j < HALF)[None, None, :]
-        w_rows, group_stride = _int4_rows(w_ptr, cols, stride_wn, K, TILED, HALF)
+        w_rows, group_stride = _int4_rows(w_ptr, cols, stride_wn, K, TILED, HALF, GROUP)
         b = tl.load(w_rows[:, :, None] + (g[:, None] * group_stride + j[None, :])[None, :, :], mask=mask,
                     other=0).to(tl.int32)
         scale = tl.load(s_ptr + cols[:, None] * stride_sn + g[None, :], mask=scale_mask, other=0.0)
@@ -585,8 +587,8 @@ def _dot(x, qweight, scales, m, n, k, int4, config) -> torch.Tensor:
 def dequantize(qweight: torch.Tensor, scales: torch.Tensor, method: str, dtype: torch.dtype,
                rows: slice | None = None, config: QuantMatmulConfig | None = None) -> torch.Tensor:
     """``W[rows]`` as a dense ``dtype`` matrix, unpacked by ``_dequantize_kernel`` (the dequant path's scratch).
-    int4 tiles: ``rows`` start and stop on whole tiles (multiples of 16)."""
-    rows = rows or slice(0, scales.shape[0])
+    int4 tiles: ``rows`` starts on a whole tile (a multiple of 16)."""
+    rows = slice(*(rows or slice(None)).indices(scales.shape[0]))
     tiled = qweight.dim() == 4
     if tiled and rows.start % TILE_ROWS:
         raise ValueError(f"int4 tiles are dequantized whole: rows must start at a multiple of {TILE_ROWS}")
