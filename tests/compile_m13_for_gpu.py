@@ -1,11 +1,12 @@
 """Compile m13's Triton kernels for a GPU on a machine without one (the machinery of ``compile_for_gpu.py``).
 
 The CPU tests run the quantized matmuls and the FP8 K/V kernels in Triton's interpreter, which never type-checks
-them. This script runs the real wrappers on small CPU tensors with every launch replaced by a compile for
-sm_90 (the H200): the quantized matmul in each regime and method (the launch table's configurations, or with
-``--candidates`` every ``benchmarks/quant_bench.py`` candidate), and m08's store and decode kernels with an FP8
-cache (direct and split paths). With ``--registers`` it also runs Triton's ``ptxas -v`` on each kernel's PTX and
-prints the registers per thread and any spills (a spilling configuration streams far below the copy bandwidth).
+them. This script runs the real wrappers on small CPU tensors with every launch replaced by a compile for sm_90 (the
+H200): the quantized matmul in each regime and method, int4 on packed rows and in tiles (the launch table's
+configurations, or with ``--candidates`` every ``benchmarks/quant_bench.py`` candidate), and m08's store and decode
+kernels with an FP8 cache (direct and split paths). With ``--registers`` it also runs Triton's ``ptxas -v`` on each
+kernel's PTX and prints the registers per thread and any spills (a spilling configuration streams far below the copy
+bandwidth).
 
     python tests/compile_m13_for_gpu.py                        # one line per variant; exit 1 on a failure
     python tests/compile_m13_for_gpu.py --candidates --registers
@@ -42,6 +43,7 @@ def matmul_jobs(candidates: bool, quick: bool = False):
     """(name, call) for every quantized matmul variant."""
     from milestones.m13_quantization import matmul_kernels
     from milestones.m13_quantization.launch_config import CANDIDATES, LAUNCH_TABLE, fits_method
+    from milestones.m13_quantization.quantize import tile_int4
 
     configs = []
     for method, table in LAUNCH_TABLE.items():
@@ -60,11 +62,12 @@ def matmul_jobs(candidates: bool, quick: bool = False):
                     x = torch.zeros(m, k, dtype=dtype)
                     if method == "int8":
                         w, s = torch.zeros(n, k, dtype=torch.int8), torch.ones(n)
-                    else:
+                    else:  # the engine's layout (tiles) and packed rows
                         w, s = torch.zeros(n, k // 2, dtype=torch.uint8), torch.ones(n, k // 128)
-                    matmul_kernels.quantized_matmul(x, w, s, method, config=config)
-                    if config.kernel == "gemv" and m == 1:
-                        matmul_kernels.quantized_matmul(x, w, s, method, config=config, split_k=4)
+                    for weight in (w, tile_int4(w)) if method == "int4" else (w,):
+                        matmul_kernels.quantized_matmul(x, weight, s, method, config=config)
+                        if config.kernel == "gemv" and m == 1:
+                            matmul_kernels.quantized_matmul(x, weight, s, method, config=config, split_k=4)
                 jobs.append((f"matmul {method} {label} M={m} {str(dtype)[6:]}", job))
     return jobs
 
