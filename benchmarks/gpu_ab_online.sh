@@ -8,13 +8,11 @@
 #   OUT=/some/dir OLD_TREE=.ab/old OLD_COMMIT=<sha> NANOSERVE_GIT_COMMIT=<this sha> ROUNDS=2 SERVE_ARGS='--workload offline ...' \
 #       bash benchmarks/gpu_ab_online.sh --set m11:offline
 set -uo pipefail
-cd "$(dirname "$0")/.."
-PY="${PYTHON:-python3}"
+source "$(dirname "$0")/gpu_env.sh"  # the repository as the working directory, $PY, the wheels
 OUT="${OUT:-/tmp/nanoserve-ab}"
 OLD_TREE="$(realpath "${OLD_TREE:?OLD_TREE: the tree to compare this checkout with}")"
 MILESTONE="${SERVE_MILESTONE:-m11}"
 mkdir -p "$OUT"
-source benchmarks/gpu_env.sh
 status=0
 [ $# -gt 0 ] && { bash benchmarks/gpu_suite.sh "$@" --out "$OUT/results" || status=1; }
 for round in $(seq 1 "${ROUNDS:-2}"); do

@@ -10,8 +10,7 @@
 # A variable set to "" skips its part. The server's wheels come from .whl/ (AGENTS.md, "A GPU call").
 #   OUT=/some/dir NANOSERVE_GIT_COMMIT=<sha> bash benchmarks/gpu_overlap.sh --set m10-m12-nanovllm --budget-s 240
 set -uo pipefail
-cd "$(dirname "$0")/.."
-PY="${PYTHON:-python3}"
+source "$(dirname "$0")/gpu_env.sh"  # the repository as the working directory, $PY, the wheels
 OUT="${OUT:-/tmp/nanoserve-overlap}"
 PROBE="${PROBE_MILESTONES-m10,m12}"
 WHOLE="${WHOLE_MILESTONES-}"
@@ -20,7 +19,6 @@ SERVE="${SERVE_MILESTONES-m11}"
 SERVE_ARGS="${SERVE_ARGS:---workload nanovllm --rates inf --offline-reference}"
 RELIABILITY="${RELIABILITY_MILESTONES-}"
 mkdir -p "$OUT"
-source benchmarks/gpu_env.sh
 status=0
 [ $# -gt 0 ] && { bash benchmarks/gpu_suite.sh "$@" --out "$OUT/results" || status=1; }
 [ -n "$PROBE" ] && { "$PY" -m benchmarks.step_probe --milestone "$PROBE" --out-dir "$OUT/probe" 2>&1 | tee "$OUT/probe.log" || status=1; }

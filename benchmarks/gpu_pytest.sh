@@ -7,11 +7,9 @@
 # Writes $OUT/pytest_cuda.log (the summary line, failures, the 30 slowest tests); exits with pytest's status.
 # PYTEST_TIMEOUT_S=N interrupts pytest after N seconds as Ctrl-C would: it still writes what ran and the slowest.
 set -uo pipefail
-cd "$(dirname "$0")/.."
-PY="${PYTHON:-python3}"
+source "$(dirname "$0")/gpu_env.sh"  # the repository as the working directory, $PY, the wheels
 OUT="${OUT:-/tmp/nanoserve-pytest}"
 mkdir -p "$OUT"
-source benchmarks/gpu_env.sh
 # A thread per worker: with a worker per core, torch's own threads (one per core each) only contend; the tests'
 # models are tiny. On the H200's 16 cores without this, tests ran 2-5x slower than on a 2-core laptop.
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" MKL_NUM_THREADS=1

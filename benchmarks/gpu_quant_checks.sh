@@ -13,13 +13,10 @@
 # (estimates, not measured: one command may run 10 minutes, so `step` and `accuracy` go in separate calls)
 # Everything ends in one tarball: the device returns at most 8 files.
 set -uo pipefail
-cd "$(dirname "$0")/.."
-PY="${PYTHON:-python3}"
+source "$(dirname "$0")/gpu_env.sh"  # the repository as the working directory, $PY, the wheels
 OUT="${OUT:-/tmp/nanoserve-quant}"
 WORK="$OUT/quant"
 mkdir -p "$WORK"
-# m13 extends m12, which imports m11's engine core (msgspec, pyzmq), and the engine tests build Qwen3's tokenizer
-source benchmarks/gpu_env.sh
 # The machine's copy of .git may be a stale HEAD: the commit every JSON records comes from the caller (env.py).
 [ -n "${NANOSERVE_GIT_COMMIT:-}" ] || echo "warning: NANOSERVE_GIT_COMMIT is not set: the JSON records this copy's .git HEAD" >&2
 parts=("$@")

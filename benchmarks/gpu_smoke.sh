@@ -4,12 +4,10 @@
 # timeout and log; the exit status is non-zero if any failed.
 #   OUT=/some/dir NANOSERVE_GIT_COMMIT=<sha> bash benchmarks/gpu_smoke.sh    # -> $OUT/smoke.tgz
 set -uo pipefail
-cd "$(dirname "$0")/.."
-PY="${PYTHON:-python3}"
+source "$(dirname "$0")/gpu_env.sh"  # the repository as the working directory, $PY, the wheels
 OUT="${OUT:-/tmp/nanoserve-smoke}"
 W="$OUT/smoke"
 mkdir -p "$W"
-source benchmarks/gpu_env.sh
 status=0
 run() {  # run NAME SECONDS COMMAND...: the command's output to NAME.log, its exit status and last lines printed
     local name=$1 seconds=$2

