@@ -68,8 +68,6 @@ class QuantMatmulConfig:
     unpack: str = "subnormal"
     defer_sum: bool = True
     min_programs_per_sm: int = 1
-    prefetch: int = 0
-    evict_first: bool = False
 
     def __post_init__(self) -> None:
         if self.kernel not in KERNELS:
@@ -82,9 +80,9 @@ class QuantMatmulConfig:
                 raise ValueError(f"{name} must be a power of two, got {value}")
         if self.kernel == "dot" and min(self.block_m, self.block_n, self.block_k) < 16:
             raise ValueError("tl.dot needs block_m, block_n and block_k >= 16")
-        if self.num_warps not in (1, 2, 4, 8, 16) or self.num_stages < 1 or self.group_m < 1 or self.prefetch < 0:
+        if self.num_warps not in (1, 2, 4, 8, 16) or self.num_stages < 1 or self.group_m < 1:
             raise ValueError(f"bad launch parameters num_warps={self.num_warps} num_stages={self.num_stages} "
-                             f"group_m={self.group_m} prefetch={self.prefetch}")
+                             f"group_m={self.group_m}")
 
 
 def regime(m: int, method: str) -> str:

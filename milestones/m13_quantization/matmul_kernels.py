@@ -167,26 +167,6 @@ def _int4_rows(w_ptr, cols, stride_wn, K, TILED: tl.constexpr, WIDTH: tl.constex
 
 
 @triton.jit
-def _prefetch_int4_tiles(w_ptr, first_col, K, kg, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                         GROUP: tl.constexpr):
-    """Ask L2 for one loop step's weights (int4 words in tiles, inputs ``[kg, kg + BLOCK_K)``) ahead of their
-    loads: ``prefetch.global.L2`` of each 128-byte line, fire and forget (no register waits for it). The lines
-    of a program's step: its rows of each tile (16, or 8 for a program of 8 rows) in each of its groups."""
-    ROWS_IN_TILE: tl.constexpr = BLOCK_N if BLOCK_N < TILE else TILE
-    TILE_ROWS_HERE: tl.constexpr = BLOCK_N // ROWS_IN_TILE
-    GROUPS: tl.constexpr = BLOCK_K // GROUP
-    LINES_PER_TILE: tl.constexpr = ROWS_IN_TILE // 2  # a 128-byte line: two rows of a group's 16 words
-    i = tl.arange(0, TILE_ROWS_HERE * GROUPS * LINES_PER_TILE)
-    line = i % LINES_PER_TILE
-    g = (i // LINES_PER_TILE) % GROUPS
-    r = i // (LINES_PER_TILE * GROUPS)
-    words = ((first_col // TILE + r) * (K // GROUP) * (TILE * 16) + (kg // GROUP + g) * (TILE * 16)
-             + (first_col % TILE) * 16 + line * 32)
-    tl.inline_asm_elementwise("prefetch.global.L2::evict_last [$1]; mov.u32 $0, 0;", "=r,l", [w_ptr + words],
-                              dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
 def _int8_to_float(q, UNPACK: tl.constexpr):
     """int8 -> float32: ``q``, or, ``MAGIC``, ``u = q + 128`` (0..255) written into the mantissa of 2^23, minus
     2^23 + 128 (``SUBNORMAL`` is treated as ``MAGIC`` here: int8's GEMV is not limited by its instructions)."""
@@ -249,7 +229,7 @@ def _quantized_gemv_kernel(
     stride_xm, stride_wn, stride_sn, stride_om,
     INT4: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP: tl.constexpr, UNPACK: tl.constexpr, ATOMIC: tl.constexpr, EVEN: tl.constexpr, DEFER_SUM: tl.constexpr,
-    NUM_STAGES: tl.constexpr, TILED: tl.constexpr, PREFETCH: tl.constexpr, EVICT_FIRST: tl.constexpr,
+    NUM_STAGES: tl.constexpr, TILED: tl.constexpr,
 ):
     """One program: output rows [pid_n * BLOCK_N, +BLOCK_N) for the ``ROWS`` (1-4) rows of x, over its slice of K.
 
@@ -260,10 +240,7 @@ def _quantized_gemv_kernel(
     ``NUM_STAGES``: Triton pipelines loads that feed no ``tl.dot`` only when asked, so the next tiles' bytes are
     in flight while one is unpacked. ``EVEN``: N and every K slice are whole tiles, so the loads need no mask.
     ``DEFER_SUM``: products accumulate elementwise and are summed across K once at the end, instead of a
-    cross-thread reduction in every step. ``PREFETCH`` (int4 words in tiles, whole tiles, compiled only): the
-    weights of the next ``PREFETCH`` loop steps are asked of L2 ahead of their loads, so more bytes are in flight
-    than the pipeline's stages hold. ``EVICT_FIRST``: the weight loads mark their lines first out of L2 (each is
-    read once a step)."""
+    cross-thread reduction in every step."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -285,25 +262,14 @@ def _quantized_gemv_kernel(
     acc1 = acc0
     acc2 = acc0
     acc3 = acc0
-    first_col = pid_n * BLOCK_N
-    for d in tl.static_range(PREFETCH):  # the first PREFETCH steps now; each step asks for the one PREFETCH ahead
-        _prefetch_int4_tiles(w_ptr, first_col, K, tl.minimum(k_start + d * BLOCK_K, k_end - BLOCK_K), BLOCK_N,
-                             BLOCK_K, GROUP)
     for k0 in tl.range(k_start, k_end, BLOCK_K, num_stages=NUM_STAGES):
         k0 = tl.multiple_of(k0, BLOCK_K)  # k_per_split is whole steps: 16-byte loads need the compiler to know
-        if PREFETCH > 0:  # clamped to the slice's last step: never a line outside this program's weights
-            _prefetch_int4_tiles(w_ptr, first_col, K, tl.minimum(k0 + PREFETCH * BLOCK_K, k_end - BLOCK_K),
-                                 BLOCK_N, BLOCK_K, GROUP)
         if INT4:
             HALF: tl.constexpr = GROUP // 2
             for t in tl.static_range(BLOCK_K // GROUP):  # one 128-input group (64 bytes per row) at a time
                 kg = k0 + t * GROUP
                 kb = tl.multiple_of((kg // GROUP) * group_stride, WIDTH)  # the group's first byte (or word)
-                if EVEN and EVICT_FIRST:
-                    b = tl.load(w_rows + (kb + j)[None, :], eviction_policy="evict_first")
-                    scale = tl.load(s_ptr + cols * stride_sn + kg // GROUP)
-                    x_ok = None
-                elif EVEN:
+                if EVEN:
                     b = tl.load(w_rows + (kb + j)[None, :])  # [BLOCK_N, WIDTH]: bytes (uint8) or words (int32)
                     scale = tl.load(s_ptr + cols * stride_sn + kg // GROUP)  # [BLOCK_N]
                     x_ok = None
@@ -589,16 +555,13 @@ def _gemv(x, qweight, scales, m, n, k, int4, config, split_k) -> torch.Tensor:
         qweight = qweight.view(torch.int32)
     width = GROUP_SIZE // 8 if words else GROUP_SIZE // 2 if int4 else config.block_k  # elements a row load reads
     per_thread = m * config.block_n * width // (32 * config.num_warps)  # the deferred sums' registers
-    interpreted = runs_interpreted(x.device)  # the interpreter runs no inline assembly (PREFETCH is a hint)
-    prefetch = config.prefetch if words and even and qweight.dim() == 4 and not interpreted else 0
     _quantized_gemv_kernel[(triton.cdiv(n, config.block_n), split_k)](
         x, qweight, scales, out, n, k, k_per_split,
         x.stride(0), qweight.stride(0), scales.stride(0), out.stride(0),
         INT4=int4, ROWS=m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP=GROUP_SIZE,
         UNPACK=UNPACK_MODES.index(config.unpack), ATOMIC=atomic, EVEN=even,
         DEFER_SUM=config.defer_sum and per_thread <= MAX_DEFERRED_PER_THREAD,
-        NUM_STAGES=config.num_stages, TILED=qweight.dim() == 4, PREFETCH=prefetch,
-        EVICT_FIRST=config.evict_first and not interpreted, num_warps=config.num_warps,
+        NUM_STAGES=config.num_stages, TILED=qweight.dim() == 4, num_warps=config.num_warps,
     )
     return out.to(x.dtype) if atomic else out
 
