@@ -3,21 +3,18 @@
 ``out[M, N] = x[M, K] @ W[N, K]^T`` with ``W`` quantized. Four regimes, decided from ``M`` alone (a Python int,
 so a captured CUDA graph always replays the launch it recorded):
 
-    gemv    M <= GEMV_MAX_M (decode at batch 1-4 in int8, 1-2 in int4)   every weight byte is used by only M
-            rows: pure streaming.
+    gemv    M <= GEMV_MAX_M (decode at batch 1-2)   every weight byte is used by only M rows: pure streaming.
             One program per BLOCK_N output rows (and per slice of K when N alone gives too few programs):
             unpack in registers, multiply-add on the CUDA cores, no tensor cores (a 16-row tl.dot would spend
             16x the multiplies on padding).
-    small   M <= SMALL_MAX_M (decode at batch 5-32 in int8, 3-32 in int4)  a tile of M rows (padded to 16) on
-            the tensor cores: the weight tile is unpacked to bf16 in registers and fed to ``tl.dot``. Unpacked once for all rows,
-            where the GEMV unpacks and multiplies each weight once per row on the CUDA cores: on the H200 int4's
-            GEMV takes 3.80 ms a Qwen3-8B step at 2 rows and 7.13 at 4, the tensor cores 5.35 at both
-            (results/h200/m13_step_times+small-batches.json), so int4 leaves the GEMV after 2 rows. int8's GEMV
-            has not been measured against them at 2-4 rows and keeps 4.
+    small   M <= SMALL_MAX_M (decode at batch 3-32)  a tile of M rows (padded to 16) on the tensor cores: the
+            weight tile is unpacked to bf16 in registers and fed to ``tl.dot``, once for all rows, where the GEMV
+            unpacks and multiplies each weight once per row on the CUDA cores. On the H200 the GEMV wins at 2
+            rows and loses from 4 (results/h200/m13_step_times+table-2.json), so both methods leave it after 2.
     large   M <= LARGE_MAX_M (decode at batch 33-512)  the same kernel with larger tiles, or ``dequant``:
             unpack the weight into a bf16 scratch, a slice of rows at a time, and let cuBLAS do the product.
     prefill M > LARGE_MAX_M (prompt chunks)  the same choice where the product is thousands of rows: there the
-            unpacking is amortised over every row, and cuBLAS may win (the microbenchmark decides).
+            unpacking is amortised over every row, and cuBLAS wins (the microbenchmark decides).
 
 Each regime holds a ``QuantMatmulConfig`` per method (``LAUNCH_TABLE``). ``python -m benchmarks.quant_bench`` on
 a GPU times every candidate of ``CANDIDATES`` at Qwen3-8B's layer shapes and prints the table its measurements
@@ -30,7 +27,7 @@ from dataclasses import dataclass, replace
 
 KERNELS = ("gemv", "dot", "dequant")
 UNPACK_MODES = ("convert", "magic", "subnormal")  # gemv: nibbles to floats (QuantMatmulConfig)
-GEMV_MAX_M = {"int8": 4, "int4": 2}  # rows of x up to which each method runs the gemv regime
+GEMV_MAX_M = {"int8": 2, "int4": 2}  # rows of x up to which each method runs the gemv regime
 SMALL_MAX_M = 32
 LARGE_MAX_M = 512
 MAX_SPLIT_K = 16
@@ -95,22 +92,27 @@ def regime(m: int, method: str) -> str:
 # (quant_bench --gemv-grid, results/h200/quant_bench+gemv-grid.json): 8 rows x 512 inputs per step with 2 warps,
 # 4 stages deep. int4 on tiles (results/h200/int4_tiles_grid.json): the words kernel with one warp of 32 rows,
 # 3 stages deep (16 or 8 rows where N gives fewer programs, gemv_for_shape); down_proj's long rows with 32 rows a
-# program and K in slices. The tensor-core regimes keep their design defaults
-# (pending a full quant_bench run). Compiled for sm_90 (tests/compile_m13_for_gpu.py --registers), nothing spills.
+# program and K in slices. The other regimes, from the full quant_bench (results/h200/quant_bench.json, batch 4 to
+# 2,048): 16 rows x 32 outputs x 256 inputs on the tensor cores at 3-32 rows (int4 at batch 16: 3.67 ms a step's
+# matmuls, the config before 4.61, bf16 4.22), and from 33 rows the dequant path (at 256 rows 13.6 ms against the
+# best tl.dot's 15.9; at 2,048, 55 against 102). Compiled for sm_90 (tests/compile_m13_for_gpu.py --registers),
+# nothing spills.
+SMALL = QuantMatmulConfig("dot", block_m=16, block_n=32, block_k=256, num_warps=4, num_stages=4)
+DEQUANT = QuantMatmulConfig("dequant", block_n=64, block_k=256, num_warps=4, num_stages=2)
 LAUNCH_TABLE: dict[str, dict[str, QuantMatmulConfig]] = {
     "int8": {
         "gemv": QuantMatmulConfig("gemv", block_n=8, block_k=512, num_warps=2, num_stages=4),
-        "small": QuantMatmulConfig("dot", block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=4),
-        "large": QuantMatmulConfig("dot", block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=3),
-        "prefill": QuantMatmulConfig("dot", block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=3),
+        "small": SMALL,
+        "large": DEQUANT,
+        "prefill": DEQUANT,
     },
     "int4": {
         "gemv": QuantMatmulConfig("gemv", block_n=32, block_k=256, num_warps=1, num_stages=3),
         "gemv long rows": QuantMatmulConfig("gemv", block_n=32, block_k=256, num_warps=1, num_stages=3,
                                             min_programs_per_sm=3),
-        "small": QuantMatmulConfig("dot", block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=4),
-        "large": QuantMatmulConfig("dot", block_m=64, block_n=128, block_k=128, num_warps=4, num_stages=3),
-        "prefill": QuantMatmulConfig("dot", block_m=64, block_n=128, block_k=128, num_warps=4, num_stages=3),
+        "small": SMALL,
+        "large": DEQUANT,
+        "prefill": DEQUANT,
     },
 }
 
