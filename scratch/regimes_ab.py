@@ -37,5 +37,5 @@ if __name__ == "__main__":
     quant_step.MODES["int8-before"] = {"quantization": "int8"}
     quant_step.MODES["int4-before"] = {"quantization": "int4"}
     quant_step.build = build
-    quant_step.main(["--modes", "bf16,int8,int8-before,int4,int4-before", "--batches", "1,2,4,16,64", "--rounds", "5",
+    quant_step.main(["--modes", "bf16,int8,int8-before,int4,int4-before", "--batches", "1,2,4,16,64", "--rounds", "5", "--kv-cache-memory-gib", "6",
                      "--out", sys.argv[1] if len(sys.argv) > 1 else "m13_step_times_regimes_ab.json"])
