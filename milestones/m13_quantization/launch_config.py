@@ -9,10 +9,14 @@ so a captured CUDA graph always replays the launch it recorded):
             16x the multiplies on padding).
     small   M <= SMALL_MAX_M (decode at batch 3-32)  a tile of M rows (padded to 16) on the tensor cores: the
             weight tile is unpacked to bf16 in registers and fed to ``tl.dot``, once for all rows, where the GEMV
-            unpacks and multiplies each weight once per row on the CUDA cores. On the H200 the GEMV wins at 2
-            rows and loses from 4 (results/h200/m13_step_times+table-2.json), so both methods leave it after 2.
+            unpacks and multiplies each weight once per row on the CUDA cores. On the H200 a Qwen3-8B step at
+            4 rows takes 4.42 ms in int4 and 4.69 in int8 this way, 5.55 on int8's GEMV, bf16 4.96; at 2 rows
+            the GEMV wins (results/h200/m13_step_times+regimes-ab.json, +int8-small-batches.json), so both
+            methods leave it after 2.
     large   M <= LARGE_MAX_M (decode at batch 33-512)  the same kernel with larger tiles, or ``dequant``:
             unpack the weight into a bf16 scratch, a slice of rows at a time, and let cuBLAS do the product.
+            Either way slower than bf16 here (a step at 64 rows: 0.46x in int4, 0.44x in int8): the unpacking
+            is extra work once the tensor cores, not the bytes, set the pace.
     prefill M > LARGE_MAX_M (prompt chunks)  the same choice where the product is thousands of rows: there the
             unpacking is amortised over every row, and cuBLAS wins (the microbenchmark decides).
 
