@@ -9,25 +9,19 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 from datetime import timedelta
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from torch.distributed.elastic.utils.distributed import get_free_port
 
 from milestones.common.demo import cuda_median_ms
 
 from .env import REPO_ROOT, environment, gpu_slug, write_json
 
 ROWS = (1, 8, 32, 64, 128, 256)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def measure(rank: int, world_size: int, port: int, hiddens: list[int], layers: list[int], iters: int,
@@ -78,7 +72,7 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--hidden and --layers need one entry per model")
     if torch.cuda.device_count() < args.gpus:
         parser.error(f"--gpus {args.gpus}: torch sees {torch.cuda.device_count()} GPU(s)")
-    mp.spawn(measure, args=(args.gpus, free_port(), hiddens, layers, args.iters, str(args.out_dir)),
+    mp.spawn(measure, args=(args.gpus, get_free_port(), hiddens, layers, args.iters, str(args.out_dir)),
              nprocs=args.gpus)
 
 

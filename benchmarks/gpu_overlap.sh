@@ -2,8 +2,7 @@
 # One GPU call for the engine core (m11) and overlapped scheduling (m12), everything packed into $OUT/call.tgz:
 #   1. the float32 gate and interleaved comparisons (gpu_suite.sh; sets or a/b:workload given as arguments)
 #   2. PROBE_MILESTONES: the steady-state step probe (wall time against GPU-busy time, K/V bytes, host time)
-#   3. WHOLE_MILESTONES x WHOLE_WORKLOADS: whole workloads step by step (graph, piecewise and eager steps timed)
-#   4. SERVE_MILESTONES with SERVE_ARGS: served under streaming load (benchmarks.online; default: the exact
+#   3. SERVE_MILESTONES with SERVE_ARGS: served under streaming load (benchmarks.online; default: the exact
 #      nanovllm as a burst beside the engine's offline generate), SERVE_ROUNDS times in turn (default once);
 #      RELIABILITY_MILESTONES: the 512-stream run; PROFILE_SERVE=1: each served run under py-spy (its wheel carried in
 #      .whl/), every process sampled, one raw flame file per run under profile/
@@ -13,8 +12,6 @@ set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh"  # the repository as the working directory, $PY, the wheels
 OUT="${OUT:-/tmp/nanoserve-overlap}"
 PROBE="${PROBE_MILESTONES-m10,m12}"
-WHOLE="${WHOLE_MILESTONES-}"
-WHOLE_WORKLOADS="${WHOLE_WORKLOADS:-offline}"
 SERVE="${SERVE_MILESTONES-m11}"
 SERVE_ARGS="${SERVE_ARGS:---workload nanovllm --rates inf --offline-reference}"
 RELIABILITY="${RELIABILITY_MILESTONES-}"
@@ -22,8 +19,6 @@ mkdir -p "$OUT"
 status=0
 [ $# -gt 0 ] && { bash benchmarks/gpu_suite.sh "$@" --out "$OUT/results" || status=1; }
 [ -n "$PROBE" ] && { "$PY" -m benchmarks.step_probe --milestone "$PROBE" --out-dir "$OUT/probe" 2>&1 | tee "$OUT/probe.log" || status=1; }
-[ -n "$WHOLE" ] && { "$PY" -m benchmarks.step_probe --milestone "$WHOLE" --whole "$WHOLE_WORKLOADS" --out-dir "$OUT/probe" \
-    2>&1 | tee "$OUT/whole.log" || status=1; }
 # SERVE_ROUNDS=N (default 1) serves the milestones in turn N times (A, B, A, B, ...), each server started afresh, every
 # round's files under online/round-K/: a ratio between two servers is then the median of per-round ratios.
 ROUNDS="${SERVE_ROUNDS:-1}"

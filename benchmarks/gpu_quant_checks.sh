@@ -3,8 +3,6 @@
 #   gate      the float32 correctness gate of m13 (unquantized) on qwen3-0.6b-random                        ~1 min
 #   tests     tests/test_m13_quantization.py compiled for the GPU (Qwen3-8B's layer shapes, every candidate)  ~1.5 min
 #   bench     python -m benchmarks.quant_bench: every candidate at Qwen3-8B's shapes, batch 1-2048         < 3 min
-#   grid      python -m benchmarks.quant_bench --gemv-grid at batch 1 and 4: gemv's parameters crossed      < 4 min
-#             (GRID_METHODS: the formats, default bf16,int8,int4; GRID_BATCHES: default 1,4)
 #   probe     python -m benchmarks.step_probe on m13's nanovllm steady state, bf16 and then FP8 K/V            ~2 min
 #   step      python -m benchmarks.quant_step --gate: the batch-1/4/16 decode step on qwen3-8b-random       ~5 min
 #             (STEP_ARGS replaces --gate, e.g. "--batches 1,4 --rounds 3" after the gate part)
@@ -36,11 +34,6 @@ json.dump(record, open('$WORK/gate_m13.json', 'w'), default=str); sys.exit(recor
         bench)
             timeout 240 "$PY" -m benchmarks.quant_bench --out "$WORK/quant_bench.json" > "$WORK/quant_bench.log" 2>&1
             echo "quant_bench: exit $?"; grep -E "^batch-1 sum|^->" "$WORK/quant_bench.log" ;;
-        grid)
-            timeout 260 "$PY" -m benchmarks.quant_bench --batches "${GRID_BATCHES:-1,4}" --gemv-grid --budget-s 210 \
-                --methods "${GRID_METHODS:-bf16,int8,int4}" \
-                --out "$WORK/quant_bench+gemv-grid.json" > "$WORK/quant_bench_grid.log" 2>&1
-            echo "quant_bench --gemv-grid: exit $?"; grep -E "^batch-1 sum|^->|gemv" "$WORK/quant_bench_grid.log" | tail -n 12 ;;
         step)
             # shellcheck disable=SC2086  # STEP_ARGS is a list of flags
             timeout 480 "$PY" -m benchmarks.quant_step ${STEP_ARGS:---gate} --out "$WORK/m13_step_times.json" \
@@ -60,7 +53,7 @@ json.dump(record, open('$WORK/gate_m13.json', 'w'), default=str); sys.exit(recor
                     --out-dir "$WORK/probe-$kv" > "$WORK/step_probe_m13_$kv.log" 2>&1
                 echo "step_probe m13 kv_cache_dtype=$kv: exit $?"; head -n 14 "$WORK/step_probe_m13_$kv.log"
             done ;;
-        *) echo "unknown part '$part': use gate, tests, bench, grid, step, accuracy or probe" >&2; exit 2 ;;
+        *) echo "unknown part '$part': use gate, tests, bench, step, accuracy or probe" >&2; exit 2 ;;
     esac
 done
 cd "$OUT" && tar czf quant.tgz quant && rm -rf quant && echo "-> $OUT/quant.tgz"

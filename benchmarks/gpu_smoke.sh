@@ -26,8 +26,6 @@ else
     run online 150 "$PY" -m benchmarks.online --milestone m11 --workload offline --max-requests 32 --rates 8,inf \
         --offline-reference --device cuda --no-progress --out-dir "$W/online"
     run kernel_bench 90 "$PY" -m benchmarks.kernel_bench --batch 1,16 --context 512 --out "$W/kernel_bench.json"
-    run launch_costs 60 "$PY" -m benchmarks.kernel_bench --launch-costs --iterations 200 --rounds 3 \
-        --out "$W/launch_costs.json"
     run quant_bench 120 "$PY" -m benchmarks.quant_bench --quick --batches 1,16 --out "$W/quant_bench.json"
     run quant_step 120 "$PY" -m benchmarks.quant_step --model qwen3-0.6b-random --batches 1 --rounds 1 \
         --repeats 5 --out "$W/quant_step.json"

@@ -23,10 +23,10 @@ from milestones.m01_naive_loop.loader import PRESETS
 from milestones.m13_quantization import LLMEngine, SamplingParams
 from milestones.m13_quantization.accuracy import forced_logits, logit_error
 
-from .env import default_path, environment, write_json
+from .env import environment
 from .harness import ensure_tokenizer, free_memory
 from .quant_step import MODES as STEP_MODES
-from .quant_step import m13_engine, parse_modes
+from .quant_step import m13_engine, parse_modes, save
 
 MODES = {**{name: knobs for name, knobs in STEP_MODES.items() if knobs},  # quant_step's, but the reference's own
          "fp8-kv calculated scales": {"kv_cache_dtype": "fp8", "calculate_kv_scales": True}}
@@ -36,15 +36,6 @@ TEXT_PROMPTS = (
     "Translate to German: The weather is nice today.", "Photosynthesis converts light energy into",
     "In 1969, the first humans to walk on the Moon were",
 )
-
-
-@torch.no_grad()
-def copy_weights_(target: torch.nn.Module, source: torch.nn.Module) -> None:
-    """``source``'s parameters (and the q/k norm tables packed from them) into ``target``, cast to its dtype."""
-    tensors = dict(source.named_parameters()) | dict(source.named_buffers())
-    for name, tensor in [*target.named_parameters(), *target.named_buffers()]:
-        if "rotary_emb" not in name:  # RoPE's tables are computed, in float32, by each model itself
-            tensor.copy_(tensors[name])
 
 
 def record(result: dict, mode: str, knobs: dict, built: LLMEngine, reference_logits: torch.Tensor,
@@ -94,7 +85,9 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"reference: m13 unquantized in {reference.dtype}; {reference.describe_weights()}", flush=True)
     if reference.dtype != torch.float32:
         yardstick = engine(dtype="float32")
-        copy_weights_(yardstick.model, reference.model)  # the same values: only the arithmetic differs
+        # the same values, cast (parameters and the q/k norm tables packed from them; RoPE's tables, computed in
+        # float32 by each model, are not in a state dict): only the arithmetic differs
+        yardstick.model.load_state_dict(reference.model.state_dict())
         record(result, "float32 (yardstick)", {"dtype": "float32"}, yardstick, reference_logits, prompts,
                continuations)
         del yardstick
@@ -108,9 +101,7 @@ def main(argv: list[str] | None = None) -> dict:
         free_memory()
     result["total_s"] = time.perf_counter() - began
     slug = "" if args.model == "qwen3-0.6b-random" else "+" + re.sub(r"[^A-Za-z0-9.-]+", "-", args.model).strip("-")
-    path = write_json(result, default_path(result, f"m13_accuracy{slug}.json", args.out), indent=1)
-    print(f"-> {path} ({result['total_s']:.0f} s)")
-    return result
+    return save(result, f"m13_accuracy{slug}.json", args.out, indent=1)
 
 
 if __name__ == "__main__":

@@ -30,8 +30,8 @@ from milestones.m13_quantization.launch_config import (CANDIDATES, LAUNCH_TABLE,
 from milestones.m13_quantization.matmul_kernels import quantized_matmul
 from milestones.m13_quantization.quantize import TILE_ROWS, dequantize_weight, quantize_weight, tile_int4
 
-from .env import default_path, environment, write_json
-from .kernel_bench import Timing, copies_needed, int_pairs, require_device
+from .env import environment
+from .kernel_bench import Timing, copies_needed, require_device, save
 
 QWEN3_8B_SHAPES = {  # name -> (N, K), after m10's packing
     "qkv_proj": (6144, 4096), "o_proj": (4096, 4096), "gate_up_proj": (24576, 4096), "down_proj": (4096, 12288),
@@ -41,7 +41,6 @@ NUM_LAYERS = 36
 BATCHES = (1, 4, 16, 64, 256, 2048)
 CANDIDATE_BATCHES = {"gemv": (1, 4), "small": (4, 16), "large": (64, 256), "prefill": (2048,)}  # where each runs
 TOLERANCE = 2e-2  # max |out - reference| / max |reference|, reference: bf16 F.linear on the dequantized weight
-MAX_COPIES = 64  # rotated copies of a weight: L2_MULTIPLE x the L2 cache, up to this many
 
 
 @dataclasses.dataclass
@@ -54,14 +53,14 @@ class Weights:
 
 
 def make_weights(n: int, k: int, method: str, device: torch.device, seed: int) -> Weights:
-    """As many copies as ``copies_needed`` asks for one copy's bytes (up to ``MAX_COPIES``)."""
+    """As many copies as ``copies_needed`` asks for one copy's bytes."""
     dense = torch.randn((n, k), generator=torch.Generator(device=device).manual_seed(seed), device=device) * 0.02
     first = (dense.to(torch.bfloat16), None) if method == "bf16" else quantize_weight(dense, method)
     if method == "int4" and n % TILE_ROWS == 0:  # the layout QuantizedLinear keeps
         first = (tile_int4(first[0]), first[1])
     del dense
     nbytes = sum(t.numel() * t.element_size() for t in first if t is not None)
-    copies = copies_needed(nbytes, device, MAX_COPIES)
+    copies = copies_needed(nbytes, device)
     clones = [(w.clone(), None if s is None else s.clone()) for w, s in [first] * (copies - 1)]
     return Weights(method, [first] + clones, nbytes)
 
@@ -82,37 +81,25 @@ def relative_error(out: torch.Tensor, expected: torch.Tensor) -> float:
     return ((out.float() - expected).abs().max() / expected.abs().max().clamp(min=1e-30)).item()
 
 
-def gemv_grid(method: str) -> dict[str, QuantMatmulConfig]:
-    """``--gemv-grid``: gemv's launch parameters crossed (rows and inputs per step, warps, pipelining depth).
-    int4's words kernel wants more rows per thread (each input it scales serves them all) than int8's bytes."""
-    int4 = method == "int4"
-    axes = ((16, 32, 64, 128), (128, 256), (1, 2, 4), (3,)) if int4 else ((8, 16, 32), (256, 512), (2, 4, 8), (2, 4))
-    grid = {f"n{n}-k{k}-w{w}-s{s}": QuantMatmulConfig("gemv", block_n=n, block_k=k, num_warps=w, num_stages=s)
-            for n, k, w, s in itertools.product(*axes)}
-    return grid | ({"n16-k256-w4-s4 magic": CANDIDATES["gemv"]["n16-k256-w4-s4 magic"]} if int4 else {})
-
-
-def candidates_for(method: str, m: int, quick: bool, grid: bool = False) -> dict[str, QuantMatmulConfig]:
+def candidates_for(method: str, m: int, quick: bool) -> dict[str, QuantMatmulConfig]:
     """Configurations timed for ``method`` at ``M`` rows: the launch table's entry, and with a full run every
-    candidate of every regime that runs at this ``M`` (``grid``: gemv's grid instead, where gemv runs)."""
+    candidate of every regime that runs at this ``M``."""
     table = {f"table {regime(m, method)}": LAUNCH_TABLE[method][regime(m, method)]}
     if quick:
         return table
-    if grid and regime(m, method) == "gemv":
-        return table | {name: c for name, c in gemv_grid(method).items() if fits_method(c, method)}
     found = {name: config for kind, configs in CANDIDATES.items() if m in CANDIDATE_BATCHES[kind]
              for name, config in configs.items() if fits_method(config, method)}
     return found | {name: c for name, c in table.items() if c not in found.values()}
 
 
 def measure_case(name: str, n: int, k: int, m: int, weights: Weights, timing: Timing, copy_gbs: float,
-                 quick: bool, seed: int, grid: bool = False) -> list[dict]:
+                 quick: bool, seed: int) -> list[dict]:
     """One shape at ``M`` rows in one format: cuBLAS for bf16, each applicable configuration for int8 / int4."""
     method, device = weights.method, timing.device
     x = torch.randn((m, k), generator=torch.Generator(device=device).manual_seed(seed + m), device=device,
                     dtype=torch.bfloat16)
     expected = reference(weights, x)
-    options = {"cuBLAS": None} if method == "bf16" else candidates_for(method, m, quick, grid)
+    options = {"cuBLAS": None} if method == "bf16" else candidates_for(method, m, quick)
     rows = []
     for config_name, config in options.items():
         if config_name.startswith("table "):  # what the engine launches: gemv's block_n fitted to N
@@ -182,17 +169,19 @@ def batch1_sums(rows: list[dict]) -> dict:
 
 
 def parse_shapes(text: str) -> dict[str, tuple[int, int]]:
-    """``"NxK,NxK"`` -> {"NxK": (N, K)}, K a multiple of 128."""
-    shapes = {f"{n}x{k}": (n, k) for n, k in int_pairs(text)}
-    if any(k % 128 for _, k in shapes.values()):
+    """argparse ``type=`` for ``"NxK,NxK"`` -> {"NxK": (N, K)}: positive integers, K a multiple of 128."""
+    try:
+        pairs = [tuple(int(x) for x in item.split("x")) for item in text.split(",")]
+    except ValueError:
+        pairs = []
+    if not pairs or any(len(p) != 2 or min(p) < 1 or p[1] % 128 for p in pairs):
         raise argparse.ArgumentTypeError(f"expected NxK pairs with K a multiple of 128 (e.g. 4096x4096), got {text!r}")
-    return shapes
+    return {f"{n}x{k}": (n, k) for n, k in pairs}
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.quant_bench", description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="the launch table's configuration only")
-    parser.add_argument("--gemv-grid", action="store_true", help="at batch 1-4: gemv's launch parameters crossed")
     parser.add_argument("--methods", type=lambda t: t.split(","), default=["bf16", "int8", "int4"],
                         help="formats to time (default bf16,int8,int4)")
     parser.add_argument("--shapes", type=parse_shapes, default=None, help="NxK,... (default: Qwen3-8B's five)")
@@ -209,7 +198,7 @@ def build_parser() -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> dict:
     began = time.perf_counter()
     device = require_device(args.device)
-    timing = Timing(device, rep_ms=args.rep_ms, loops=3 if device.type == "cuda" else 1)
+    timing = Timing(device, rep_ms=args.rep_ms)
     copy_gbs = timing.copy_bandwidth_gbs()
     shapes = args.shapes or QWEN3_8B_SHAPES
     # each weight made once (quantizing the LM head takes a moment), kept for every batch size
@@ -223,8 +212,7 @@ def run(args: argparse.Namespace) -> dict:
                 if time.perf_counter() - began > args.budget_s:
                     skipped.append(f"{name} {method} M={m}")
                     continue
-                rows += measure_case(name, n, k, m, weights[(name, method)], timing, copy_gbs, args.quick, args.seed,
-                                     args.gemv_grid)
+                rows += measure_case(name, n, k, m, weights[(name, method)], timing, copy_gbs, args.quick, args.seed)
     if skipped:
         print(f"time budget ({args.budget_s:.0f} s) spent: not measured: {', '.join(skipped)}", flush=True)
     table = {method: {kind: dataclasses.asdict(c) for kind, c in regimes.items()}
@@ -248,8 +236,7 @@ def main(argv: list[str] | None = None) -> dict:
         speedups = {k: round(v, 2) for k, v in entry.items() if k.endswith("speedup")}
         print(f"batch-1 sum of Qwen3-8B's matmuls, {method}: table {entry['table_ms']} ms, best {entry['best_ms']:.3f} "
               f"ms {speedups or ''}")
-    path = write_json(result, default_path(result, "quant_bench.json", args.out), indent=1)
-    print(f"-> {path} ({result['total_s']:.0f} s)")
+    save(result, "quant_bench.json", args.out, indent=1)
     if not result["ok"]:
         bad = [f"{r['shape']} {r['method']} M={r['m']} {r['config_name']}: {r['max_rel_error']:.3g}"
                for r in result["rows"] if not r["max_rel_error"] <= TOLERANCE]

@@ -23,8 +23,9 @@ from milestones.m13_quantization import EngineConfig, LLMEngine
 from milestones.m13_quantization.accuracy import compare_logits
 from milestones.m13_quantization.quantized_loader import weight_bytes
 
-from .env import default_path, environment, write_json
+from .env import environment
 from .harness import ensure_tokenizer
+from .kernel_bench import save
 
 MODES = {"bf16": {}, "int8": {"quantization": "int8"}, "int4": {"quantization": "int4"},
          "fp8-kv": {"kv_cache_dtype": "fp8"}, "int4+fp8-kv": {"quantization": "int4", "kv_cache_dtype": "fp8"}}
@@ -94,7 +95,7 @@ def main(argv: list[str] | None = None) -> dict:
         gate.close()
         if record["status"] not in ("pass", "near-tie"):
             print(f"gate failed: {record['status']} {record.get('error') or ''}", flush=True)
-            return _write({**result, "ok": False}, args)
+            return save({**result, "ok": False}, "m13_step_times.json", args.out, indent=1, default=str)
 
     engines = {mode: build(mode, args) for mode in args.modes}
     reference = engines[args.modes[0]]
@@ -129,13 +130,7 @@ def main(argv: list[str] | None = None) -> dict:
             print(f"target {name}: {'met' if ok else 'NOT met'}", flush=True)
     result["total_s"] = time.perf_counter() - began
     result["ok"] = True
-    return _write(result, args)
-
-
-def _write(result: dict, args: argparse.Namespace) -> dict:
-    print(f"-> {write_json(result, default_path(result, 'm13_step_times.json', args.out), indent=1, default=str)}",
-          flush=True)
-    return result
+    return save(result, "m13_step_times.json", args.out, indent=1, default=str)
 
 
 if __name__ == "__main__":

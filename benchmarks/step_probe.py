@@ -2,8 +2,8 @@
 
 Steps ``[start, start + n)`` with nothing watching give the wall time; the next ``n`` under the torch profiler
 give the GPU-busy time (the union of every kernel and copy), the biggest kernels and the host's blocked time.
-Each step's K/V bytes over the copy bandwidth is the floor the paged kernel works against; ``wall / GPU-busy``
-says how much of a step the host costs. ``--whole``: a whole workload, graph and eager steps timed apart.
+Each step's K/V bytes over the copy bandwidth (``kernel_bench``'s) is the floor the paged kernel works against;
+``wall / GPU-busy`` says how much of a step the host costs.
 
     python -m benchmarks.step_probe --milestone m10,m11,m12 --out-dir $OUT
 """
@@ -21,20 +21,11 @@ from torch.profiler import ProfilerActivity, profile
 
 from .env import REPO_ROOT, environment, write_json
 from .harness import free_memory
+from .kernel_bench import Timing
 from .runners import kv_tokens_needed, make_runner, sync
 from .workloads import get_workload
 
 BLOCKING_CALLS = ("cudaEventSynchronize", "cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaMemcpy ")
-
-
-def copy_bandwidth(device: torch.device, gib: float = 2.0) -> float:
-    """Bytes/s of a large device-to-device copy (read + write counted), the ceiling for streaming K/V."""
-    import triton.testing
-
-    src = torch.empty(int(gib * 2**30) // 4, dtype=torch.float32, device=device).uniform_()
-    dst = torch.empty_like(src)
-    ms = triton.testing.do_bench(lambda: dst.copy_(src), return_mode="median")
-    return 2 * src.numel() * 4 / (ms / 1e3)
 
 
 def busy_time_us(events) -> tuple[float, dict[str, float]]:
@@ -50,19 +41,17 @@ def busy_time_us(events) -> tuple[float, dict[str, float]]:
     return busy, per_kernel
 
 
-def started(milestone: str, workload, model: str, overrides: dict, device: str, max_requests: int | None = None):
-    """A warmed-up runner of ``milestone`` whose engine holds the workload's (first ``max_requests``) requests."""
+def probe(milestone: str, start: int, num_steps: int, model: str, overrides: dict, device: str = "cuda",
+          max_requests: int | None = None) -> dict:
+    """``milestone`` on the workload (its first ``max_requests``): from step ``start``, ``num_steps`` timed, then
+    as many profiled."""
+    workload = get_workload("nanovllm", 0)
     runner = make_runner(milestone, workload, model=model, device=device, dtype="auto", seed=0,
                          overrides=overrides, kv_tokens=kv_tokens_needed(workload))
     runner.warmup()
+    engine = runner.engine
     for request, sp in zip(workload.requests[:max_requests], runner._params(workload.requests)):
-        runner.engine.add_request(list(request.prompt_token_ids), sp)
-    return runner, runner.engine
-
-
-def probe(milestone: str, start: int, num_steps: int, model: str, overrides: dict, device: str = "cuda",
-          max_requests: int | None = None) -> dict:
-    runner, engine = started(milestone, get_workload("nanovllm", 0), model, overrides, device, max_requests)
+        engine.add_request(list(request.prompt_token_ids), sp)
     with torch.inference_mode():
         for _ in range(start):
             engine.engine_step()
@@ -91,7 +80,7 @@ def probe(milestone: str, start: int, num_steps: int, model: str, overrides: dic
     busy_us, per_kernel = busy_time_us(events)
     blocked_us = sum(e.cpu_time_total for e in events if e.name.startswith(BLOCKING_CALLS))
     profiled_wall_us = max(e.time_range.end for e in events) - min(e.time_range.start for e in events)
-    bandwidth = copy_bandwidth(engine.device) if engine.device.type == "cuda" else float("nan")
+    copy_gbs = Timing(engine.device).copy_bandwidth_gbs() if engine.device.type == "cuda" else float("nan")
     step_ms = wall / num_steps * 1e3
     busy_ms = busy_us / num_steps / 1e3
     kv_gb = statistics.fmean(window["kv_bytes"]) / 1e9  # both windows: the timed one and the profiled one
@@ -102,9 +91,8 @@ def probe(milestone: str, start: int, num_steps: int, model: str, overrides: dic
         "milestone": engine.milestone, "workload": "nanovllm", "steps": [start, start + num_steps],
         "mean_running": running, "step_wall_ms": step_ms, "gpu_busy_ms": busy_ms,
         "wall_over_gpu_busy": step_ms / busy_ms if busy_ms else float("nan"),
-        "kv_gb_per_step": kv_gb, "copy_bandwidth_gb_s": bandwidth / 1e9,
-        "kv_read_floor_ms": kv_gb * 1e9 / bandwidth * 1e3,
-        "kv_bandwidth_fraction_of_wall": kv_gb * 1e9 / (step_ms / 1e3) / bandwidth,
+        "kv_gb_per_step": kv_gb, "copy_bandwidth_gb_s": copy_gbs, "kv_read_floor_ms": kv_gb / copy_gbs * 1e3,
+        "kv_bandwidth_fraction_of_wall": kv_gb / (step_ms / 1e3) / copy_gbs,
         "host_ms_per_step_profiled": host_ms, "host_us_per_running_request": host_ms * 1e3 / running,
         "top_kernels_ms_per_step": {name: us / num_steps / 1e3 for name, us in top},
         "graph_steps": getattr(engine.stats, "graph_steps", None), "engine_config": runner.knobs(),
@@ -112,46 +100,11 @@ def probe(milestone: str, start: int, num_steps: int, model: str, overrides: dic
     }
     print(f"{engine.milestone}: steps {start}-{start + num_steps} ({running:.0f} running): {step_ms:.2f} ms/step "
           f"wall, GPU busy {busy_ms:.2f} ms ({result['wall_over_gpu_busy']:.2f}x), K/V {kv_gb:.1f} GB/step = "
-          f"{result['kv_read_floor_ms']:.2f} ms at {bandwidth / 1e9:,.0f} GB/s; host {host_ms:.2f} ms/step "
+          f"{result['kv_read_floor_ms']:.2f} ms at {copy_gbs:,.0f} GB/s; host {host_ms:.2f} ms/step "
           f"({result['host_us_per_running_request']:.1f} us per running request, under the profiler)", flush=True)
     for name, ms in result["top_kernels_ms_per_step"].items():
         print(f"    {ms:7.3f} ms  {name[:110]}")
     runner.close()  # m14: its worker processes go now
-    del runner, engine
-    free_memory()
-    return result
-
-
-def whole_run(milestone: str, workload_name: str, model: str, overrides: dict, device: str = "cuda") -> dict:
-    """A whole workload driven step by step: how many steps replayed a graph and how many ran eagerly (mixed
-    prefill/decode steps), and the wall time each kind took (each step timed from the host, no extra sync)."""
-    workload = get_workload(workload_name, 0)
-    runner, engine = started(milestone, workload, model, overrides, device)
-    kinds = {"graph": [0, 0.0], "piecewise": [0, 0.0], "eager": [0, 0.0], "no launch": [0, 0.0]}
-    sync(engine.device)
-    began = time.perf_counter()
-    with torch.inference_mode():
-        while engine.has_unfinished():
-            stats = engine.stats
-            before = (stats.graph_steps, getattr(stats, "piecewise_steps", 0), stats.eager_steps)
-            start = time.perf_counter()
-            engine.engine_step()
-            after = (stats.graph_steps, getattr(stats, "piecewise_steps", 0), stats.eager_steps)
-            kind = next((k for k, b, a in zip(("graph", "piecewise", "eager"), before, after) if a > b), "no launch")
-            kinds[kind][0] += 1
-            kinds[kind][1] += time.perf_counter() - start
-    sync(engine.device)
-    wall = time.perf_counter() - began
-    tokens = sum(r.max_tokens for r in workload.requests)
-    result = {"milestone": engine.milestone, "workload": workload_name, "wall_s": wall, "output_tokens": tokens,
-              "output_tokens_per_s": tokens / wall,
-              "steps": {k: {"count": n, "wall_s": t, "ms_per_step": t / n * 1e3 if n else None}
-                        for k, (n, t) in kinds.items()},
-              "engine_config": runner.knobs(), "env": environment(engine.device)}
-    print(f"{engine.milestone} on {workload_name}: {wall:.2f} s, {tokens / wall:,.0f} output tok/s; "
-          + "; ".join(f"{k}: {n} steps, {t:.2f} s ({t / n * 1e3 if n else 0:.1f} ms each)"
-                      for k, (n, t) in kinds.items()), flush=True)
-    runner.close()
     del runner, engine
     free_memory()
     return result
@@ -165,8 +118,6 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--model", default="qwen3-0.6b-random")
     parser.add_argument("--device", default="cuda", help="cuda (what it is for), or cpu to try it out")
     parser.add_argument("--max-requests", type=int, help="only the workload's first N requests (a CPU try-out)")
-    parser.add_argument("--whole", default="", help="comma-separated workloads to run whole, timing graph and "
-                        "eager steps apart (instead of the steady-state window)")
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                         help="an EngineConfig override (JSON value), e.g. --set async_scheduling=false")
     parser.add_argument("--out-dir", type=Path, default=REPO_ROOT / "benchmarks" / "results")
@@ -174,12 +125,6 @@ def main(argv: list[str] | None = None) -> list[dict]:
     overrides = {k: json.loads(v) for k, v in (item.split("=", 1) for item in args.set)}
     results = []
     for milestone in args.milestone.split(","):
-        for workload in filter(None, args.whole.split(",")):
-            result = whole_run(milestone, workload, args.model, overrides, args.device)
-            write_json(result, args.out_dir / result["env"]["gpu_slug"] / f"step_kinds_{milestone}_{workload}.json")
-            results.append(result)
-        if args.whole:
-            continue
         result = probe(milestone, args.start, args.steps, args.model, overrides, args.device, args.max_requests)
         write_json(result, args.out_dir / result["env"]["gpu_slug"] / f"step_probe_{milestone}.json")
         results.append(result)

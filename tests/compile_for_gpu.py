@@ -14,7 +14,7 @@ float32/float16/bfloat16, with int32 and int64 context lengths and block tables.
 
     python tests/compile_for_gpu.py                  # every variant for sm_90; one line each; exit 1 on a failure
     python tests/compile_for_gpu.py --arch 80        # another target (A100)
-    python tests/compile_for_gpu.py --sweep-configs  # also every benchmarks/kernel_bench.py sweep configuration
+    python tests/compile_for_gpu.py --sweep-configs  # also every configuration of tests/decode_configs.py
 
 It runs in a process of its own (``tests/test_m08_kernel.py`` starts it so), because it replaces the kernels and
 Triton's driver for good; it sets ``TRITON_INTERPRET=0`` before importing triton, so that the kernels are compiled
@@ -173,7 +173,7 @@ def compile_prefill(dtype: torch.dtype, num_heads: int, paged_prefill_kernel, fp
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python tests/compile_for_gpu.py", description=__doc__.split("\n")[0])
     parser.add_argument("--arch", type=int, default=90, help="CUDA compute capability x10 (default 90: Hopper)")
-    parser.add_argument("--sweep-configs", action="store_true", help="also every kernel_bench sweep configuration")
+    parser.add_argument("--sweep-configs", action="store_true", help="also every tests/decode_configs.py configuration")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of lines")
     args = parser.parse_args(argv)
     reason = cannot_compile_here()
@@ -200,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
 
     sweep = {}
     if args.sweep_configs:
-        from benchmarks.kernel_bench import SWEEP_CONFIGS
+        from decode_configs import SWEEP_CONFIGS
         sweep = SWEEP_CONFIGS
     jobs = [(v.name, lambda v=v: compile_decode(v, paged_decode_kernel.paged_decode_attention))
             for v in decode_variants(sweep)]
