@@ -99,6 +99,10 @@ def main(argv: list[str] | None = None) -> dict:
 
     engines = {mode: build(mode, args) for mode in args.modes}
     reference = engines[args.modes[0]]
+    blocks = max(args.batches) * -(-args.context // reference.config.block_size)  # step_ms gives each its own
+    if blocks > min(e.kv_pool.num_blocks for e in engines.values()):  # never read past the cache
+        raise SystemExit(f"error: {max(args.batches)} sequences of {args.context} keys need {blocks:,} K/V blocks, "
+                         f"more than the cache holds: raise --kv-cache-memory-gib or lower --batches/--context")
     result["weights"] = {mode: weight_bytes(e.model) for mode, e in engines.items()}
     result["kv_bytes_per_token"] = {mode: e.kv_bytes_per_token for mode, e in engines.items()}
     prompts = random_prompts(reference.vocab_size, 4, 32, 32, args.seed)

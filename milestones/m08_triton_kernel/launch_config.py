@@ -7,8 +7,8 @@ A decode launch is in one of two regimes, decided from shapes and Python ints on
              and a second kernel combines the slices (flash-decoding)
 
 Each regime has its own best tile size, warps and pipelining depth, so ``LAUNCH_TABLE`` holds one
-``DecodeKernelConfig`` per regime. ``python -m benchmarks.kernel_bench --autotune-sweep`` on a GPU times every
-candidate in both regimes and prints the table its measurements favour, ready to paste below.
+``DecodeKernelConfig`` per regime, chosen from a sweep of candidates on the H200 (``kernel_bench.py
+--autotune-sweep`` at commit 0c790fd, retired since; docs/m08-triton-kernel.md cites its results).
 No triton import here: this is plain arithmetic the tests can check anywhere.
 """
 
@@ -24,7 +24,7 @@ INTERPRETER_SM_COUNT = 8  # what the split heuristic assumes on the CPU (any val
 
 @dataclass(frozen=True)
 class DecodeKernelConfig:
-    """Launch parameters of the decode kernel (``benchmarks/kernel_bench.py --autotune-sweep`` compares a few).
+    """Launch parameters of the decode kernel (``tests/decode_configs.py`` lists the candidates the sweep compared).
 
     ``tile_tokens`` keys per loop iteration (a power of two >= 16: several pages, so many loads are in flight);
     ``num_warps`` / ``num_stages`` Triton's threads per program and software-pipelining depth;
@@ -58,8 +58,7 @@ LAUNCH_TABLE: dict[str, DecodeKernelConfig] = {
     # What the H200 sweep favours where batches fill the GPU: at 64 x 2,048, 0.138 ms against 0.160 for t64-w4-s3
     # (one K/V buffer, but 4 programs per SM); equal at 256 x 2,048.
     "direct": DecodeKernelConfig(tile_tokens=64, num_warps=4, num_stages=2, programs_per_sm=4),
-    # The design default: the sweep's small-batch times were mostly launch overhead, so they chose nothing here
-    # (``kernel_bench.py --autotune-sweep`` now times GPU work alone, from CUDA graphs).
+    # The design default: the sweep's small-batch times were mostly launch overhead, so they chose nothing here.
     "split": DecodeKernelConfig(tile_tokens=64, num_warps=4, num_stages=3, programs_per_sm=3),
 }
 
