@@ -4,8 +4,8 @@
 #   2. PROBE_MILESTONES: the steady-state step probe (wall time against GPU-busy time, K/V bytes, host time)
 #   3. SERVE_MILESTONES with SERVE_ARGS: served under streaming load (benchmarks.online; default: the exact
 #      nanovllm as a burst beside the engine's offline generate), SERVE_ROUNDS times in turn (default once);
-#      RELIABILITY_MILESTONES: the 512-stream run; PROFILE_SERVE=1: each served run under py-spy (its wheel carried in
-#      .whl/), every process sampled, one raw flame file per run under profile/
+#      PROFILE_SERVE=1: each served run under py-spy (its wheel carried in .whl/), every process sampled, one raw
+#      flame file per run under profile/
 # A variable set to "" skips its part. The server's wheels come from .whl/ (AGENTS.md, "A GPU call").
 #   OUT=/some/dir NANOSERVE_GIT_COMMIT=<sha> bash benchmarks/gpu_overlap.sh --set m10-m12-nanovllm --budget-s 240
 set -uo pipefail
@@ -14,7 +14,6 @@ OUT="${OUT:-/tmp/nanoserve-overlap}"
 PROBE="${PROBE_MILESTONES-m10,m12}"
 SERVE="${SERVE_MILESTONES-m11}"
 SERVE_ARGS="${SERVE_ARGS:---workload nanovllm --rates inf --offline-reference}"
-RELIABILITY="${RELIABILITY_MILESTONES-}"
 mkdir -p "$OUT"
 status=0
 [ $# -gt 0 ] && { bash benchmarks/gpu_suite.sh "$@" --out "$OUT/results" || status=1; }
@@ -39,8 +38,5 @@ if [ -n "$SERVE" ]; then
         done
     done
 fi
-[ -n "$RELIABILITY" ] && { "$PY" -m benchmarks.online --milestone "$RELIABILITY" --reliability --num-requests 512 \
-    --max-tokens 128 --max-num-seqs 256 --device cuda --no-progress --out-dir "$OUT/online" 2>&1 \
-    | tee "$OUT/reliability.log" || status=1; }
 tar czf /tmp/nanoserve-call.tgz -C "$OUT" . && find "$OUT" -mindepth 1 -delete && mv /tmp/nanoserve-call.tgz "$OUT/call.tgz"
 exit $status

