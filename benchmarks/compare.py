@@ -244,7 +244,7 @@ class _Comparison:
         free_memory()
         m = self.members[i]
         return build_runner(m.engine, self.workload, self.results[i], **self.engine_kwargs,
-                            overrides=dict(m.overrides) or None, kv_tokens=kv_tokens_needed(self.workload))
+                            overrides=dict(m.overrides) or None)
 
     def _build_and_keep(self, i: int) -> None:
         self.runners[i] = self._build(i)

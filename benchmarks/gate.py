@@ -9,6 +9,7 @@ correctness gate".
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass, replace
 
@@ -84,17 +85,14 @@ class CorrectnessGate:
         self.num_requests, self.output_cap = num_requests, output_cap
         self.log = log or (lambda _msg: None)
         self._hf = None
-        self._answers: dict[tuple[tuple[int, ...], int], tuple[list[int], torch.Tensor]] = {}
+        self.reference = functools.cache(self._reference)  # each (prompt, num_tokens) asked once per call
 
     @property
     def has_reference(self) -> bool:  # the transformers model is built (the first check pays for it)
         return self._hf is not None
 
-    def reference(self, prompt: tuple[int, ...], num_tokens: int) -> tuple[list[int], torch.Tensor]:
+    def _reference(self, prompt: tuple[int, ...], num_tokens: int) -> tuple[list[int], torch.Tensor]:
         """transformers' greedy tokens for one unpadded prompt, and its logits at every step (on the CPU)."""
-        key = (prompt, num_tokens)
-        if key in self._answers:
-            return self._answers[key]
         if self._hf is None:
             from milestones.m01_naive_loop.config import EngineConfig
 
@@ -108,8 +106,7 @@ class CorrectnessGate:
                                     do_sample=False, eos_token_id=None, pad_token_id=0, output_logits=True,
                                     return_dict_in_generate=True)  # no EOS: exactly num_tokens tokens
         tokens = out.sequences[0, len(prompt):].tolist()
-        self._answers[key] = (tokens, torch.stack([step[0] for step in out.logits]).float().cpu())
-        return self._answers[key]
+        return tokens, torch.stack([step[0] for step in out.logits]).float().cpu()
 
     def check(self, item: GateItem, time_limit_s: float | None = None) -> dict:
         """Gate one engine on one workload; returns the record that goes into ``suite.json``."""
@@ -157,7 +154,7 @@ class CorrectnessGate:
 
     def close(self) -> None:
         self._hf = None
-        self._answers.clear()
+        self.reference.cache_clear()
         free_memory()
 
 

@@ -1,6 +1,6 @@
 """One call on the GPU machine: gate, then measure named sets inside a time budget, and write every result.
 
-    python -m benchmarks.gpu_suite --set gate-m01-m04 --set m03-m04-offline-skewed --budget-s 560
+    python -m benchmarks.gpu_suite --set m04-m05-memory-bound --set m03-m06-offline --budget-s 560
     python -m benchmarks.gpu_suite --set m04:nanovllm --set m03/m04:skewed   # a single run; a comparison
     python -m benchmarks.gpu_suite --list                      # the sets and their rough H200 times
     python -m benchmarks.gpu_suite --unpack /path/to/suite.json  # back home: split into per-run JSON files
@@ -20,13 +20,13 @@ import sys
 import time
 from pathlib import Path
 
-from .compare import Member, comparison_ratios, run_comparison
+from .compare import comparison_ratios, run_comparison
 from .env import git_info, source_fingerprint, write_json
 from .gate import CorrectnessGate, GateItem, gate_failed
 from .harness import DEFAULT_MODEL, result_path, run_benchmark, save_result
 from .report import report
 from .runners import registered_runners, resolve_milestone_module
-from .suite_sets import GATE_ITEM_S, GATE_REFERENCE_S, SETS, Compare, Entry, Gate, Run
+from .suite_sets import GATE_ITEM_S, GATE_REFERENCE_S, SETS, Compare, Entry, Gate, Run, as_members
 from .workloads import WORKLOADS, milestone_key, workload_for
 
 SAFETY_S = 2  # seconds kept back from each time limit for writing results
@@ -69,16 +69,13 @@ def available(engine: str) -> str | None:
 LOSSY_KNOBS = ("quantization", "kv_cache_dtype", "calculate_kv_scales")
 
 
-def gate_items(entries: list[Entry], num_requests: int) -> list[GateItem]:
-    """Every (engine, workload, overrides) the entries measure or name, once. A ``max_num_seqs`` override of at
-    least ``num_requests`` cannot change what the gate's few requests do, so it does not make a new item; a lossy
-    knob (``LOSSY_KNOBS``) is dropped: the engine's unquantized path is what can be gated."""
+def gate_items(entries: list[Entry]) -> list[GateItem]:
+    """Every (engine, workload, overrides) the entries measure or name, once. A lossy knob (``LOSSY_KNOBS``) is
+    dropped: the engine's unquantized path is what can be gated."""
     items: list[GateItem] = []
     for entry in entries:
         for item in entry.gate_items():
-            overrides = tuple((k, v) for k, v in item.overrides
-                              if not (k == "max_num_seqs" and isinstance(v, int) and v >= num_requests)
-                              and k not in LOSSY_KNOBS)
+            overrides = tuple((k, v) for k, v in item.overrides if k not in LOSSY_KNOBS)
             item = GateItem(item.engine, item.workload, overrides, item.tag if overrides else None)
             if item not in items:
                 items.append(item)
@@ -105,7 +102,6 @@ class Suite:
                      "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
         self.gate_records: list[dict] = []
         self.results: list[dict] = []
-        self.exit_status: int | None = None  # set by run(): 1 if the gate failed or a run did not finish
 
     def left(self) -> float:
         return self.budget_s - (time.perf_counter() - self.began)
@@ -136,7 +132,7 @@ class Suite:
         return None
 
     def run_gate(self) -> None:
-        items = gate_items(self.entries, num_requests=4)
+        items = gate_items(self.entries)
         if not items:
             return
         print(f"gate: {len(items)} checks in float32: {', '.join(i.label for i in items)}", flush=True)
@@ -163,7 +159,6 @@ class Suite:
         print(f"--- {describe(entry)} {tag}", flush=True)
         self.keep(run_benchmark(entry.milestone, entry.workload, model=self.model, device=self.device,
                                 dtype=self.dtype, max_requests=entry.max_requests, use_tqdm=self.use_tqdm,
-                                overrides=dict(entry.overrides) or None, tag=entry.tag,
                                 time_limit_s=self.limit(), catch_errors=True))
         return None
 
@@ -178,7 +173,9 @@ class Suite:
         for reason in reasons:
             print(f"    not in this comparison: {reason}", flush=True)
         print(f"--- {describe(entry)} {tag}", flush=True)
-        for result in run_comparison(members, comparison_workload(entry, members), entry.repeats, model=self.model,
+        # every member runs the same requests: the smallest default slice among them
+        workload = min((workload_for(m.engine, entry.workload) for m in members), key=lambda w: w.num_requests)
+        for result in run_comparison(members, workload, entry.repeats, model=self.model,
                                      device=self.device, dtype=self.dtype, ratio_metrics=entry.metrics(),
                                      use_tqdm=self.use_tqdm, time_limit_s=self.limit(),
                                      on_progress=lambda partial: self.write(pending=partial)):
@@ -189,6 +186,7 @@ class Suite:
         return None
 
     def run(self) -> int:
+        """Gate, run every entry, report; the exit status: 1 if the gate failed or a run did not finish."""
         print(f"suite: {len(self.entries)} entries, budget {self.budget_s:.0f} s: {', '.join(self.meta['entries'])}",
               flush=True)
         if self.gate:
@@ -210,28 +208,12 @@ class Suite:
         return 1 if failed else 0
 
 
-def comparison_workload(entry: Compare, members: tuple[Member, ...]):
-    """The requests every member runs: ``max_requests`` if set, else the smallest default slice among them."""
-    candidates = [workload_for(m.engine, entry.workload, max_requests=entry.max_requests) for m in members]
-    return min(candidates, key=lambda w: w.num_requests)
-
-
 def describe(entry: Entry) -> str:
     if isinstance(entry, Run):
-        return (f"{entry.milestone}:{entry.workload}" + (f"[:{entry.max_requests}]" if entry.max_requests else "")
-                + (f"+{entry.tag}" if entry.tag else ""))
+        return f"{entry.milestone}:{entry.workload}" + (f"[:{entry.max_requests}]" if entry.max_requests else "")
     if isinstance(entry, Compare):
-        return (f"{'/'.join(m.label for m in entry.members)}:{entry.workload} x{entry.repeats}"
-                + (f"[:{entry.max_requests}]" if entry.max_requests else ""))
-    labels = [e if isinstance(e, str) else e.label for e in entry.engines]
-    return f"gate {'/'.join(labels)} on {', '.join(entry.workloads)}"
-
-
-def run_suite(set_names: list[str], budget_s: float, model: str, device: str, dtype: str, out: Path,
-              out_env: Path | None, use_tqdm: bool, gate: bool = True) -> Suite:
-    suite = Suite(set_names, budget_s, model, device, dtype, out, out_env, use_tqdm, gate)
-    suite.exit_status = suite.run()
-    return suite
+        return f"{'/'.join(m.label for m in entry.members)}:{entry.workload} x{entry.repeats}"
+    return f"gate {'/'.join(m.label for m in as_members(entry.engines))} on {', '.join(entry.workloads)}"
 
 
 def attach_git(result: dict, local: dict | None = None) -> str:
@@ -298,7 +280,7 @@ def list_sets() -> None:
     for name, entries in SETS.items():
         est = [None if isinstance(e, Gate) else e.est_s if isinstance(e, Run) else e.est_s() for e in entries]
         measuring = sum(s for s in est if s is not None)
-        checks = len([i for i in gate_items(entries, num_requests=4) if i.engine not in registered_runners()])
+        checks = len([i for i in gate_items(entries) if i.engine not in registered_runners()])
         gate = GATE_REFERENCE_S + checks * GATE_ITEM_S if checks else 0
         print(f"{name}: ~{measuring + gate:.0f} s on an H200 (measuring ~{measuring:.0f} s, gate of {checks} "
               f"engine:workload pairs ~{gate:.0f} s)")
@@ -335,9 +317,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.set:
         parser.error("give at least one --set (see --list)")
     out_env = Path(os.environ["OUT"]) if os.environ.get("OUT") else None
-    suite = run_suite(args.set, args.budget_s, args.model, args.device, args.dtype, Path(args.out), out_env,
-                      use_tqdm=not args.no_progress, gate=not args.no_gate)
-    return suite.exit_status
+    return Suite(args.set, args.budget_s, args.model, args.device, args.dtype, Path(args.out), out_env,
+                 use_tqdm=not args.no_progress, gate=not args.no_gate).run()
 
 
 if __name__ == "__main__":

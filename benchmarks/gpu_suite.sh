@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One call on the GPU machine (H200): the float32 correctness gate, then benchmark sets inside a time budget.
 #
-#   bash benchmarks/gpu_suite.sh --set gate-m01-m04 --set m03-m04-offline-skewed --budget-s 560
-#   bash benchmarks/gpu_suite.sh --set m03-m04-nanovllm --budget-s 560
+#   bash benchmarks/gpu_suite.sh --set m04-m05-memory-bound --set m03-m06-offline --budget-s 560
+#   bash benchmarks/gpu_suite.sh --set m04-m06-nanovllm --budget-s 560
 #   bash benchmarks/gpu_suite.sh --set m04:nanovllm --set m03/m04:skewed   # a single run; a comparison
 #   bash benchmarks/gpu_suite.sh --list                                   # sets and rough H200 seconds
 #

@@ -111,8 +111,7 @@ def free_memory() -> None:
 
 
 # Scalars that add up over phases: these, and every key ending in "_tokens", "_byte_steps" or "_records".
-ADDITIVE_STATS = ("steps", "tokens_computed", "padding_tokens", "prompt_tokens_computed", "num_preemptions",
-                  "torch_compilations")
+ADDITIVE_STATS = ("steps", "tokens_computed", "padding_tokens", "prompt_tokens_computed", "num_preemptions")
 
 
 def _merge_stats(stats_list: list[dict]) -> tuple[dict, dict[str, list]]:
@@ -260,19 +259,19 @@ def new_result(name: str, milestone: str, workload: Workload, model: str, device
 
 
 def build_runner(milestone: str, workload: Workload, result: dict, **kwargs) -> Runner:
-    """Build (``kwargs``: the ``Runner`` constructor's) and warm up the runner, recording engine, model, env, config
-    and warm-up in ``result``."""
+    """Build (``kwargs``: the ``Runner`` constructor's; K/V sized for the workload) and warm up the runner,
+    recording engine, model, env, config and warm-up in ``result``."""
     result["tokenizer"] = None if milestone in registered_runners() else ensure_tokenizer()
-    runner = make_runner(milestone, workload, **kwargs)
+    runner = make_runner(milestone, workload, kv_tokens=kv_tokens_needed(workload), **kwargs)
     try:
         dtype = str(runner.dtype).removeprefix("torch.")
         result.update(engine=runner.engine_label, kv_sizing=getattr(runner, "kv_sizing", None),
                       model={"name": kwargs["model"], "dtype": dtype, "device": str(runner.device)},
                       env=environment(runner.device))
         began = time.perf_counter()
-        ran = runner.warmup() or {"num_requests": len(WARMUP_PROMPT_LENS), "prompt_lens": list(WARMUP_PROMPT_LENS),
-                                  "output_len": WARMUP_OUTPUT_LEN}
-        result["warmup"] = {**ran, "wall_time_s": time.perf_counter() - began}
+        runner.warmup()
+        result["warmup"] = {"num_requests": len(WARMUP_PROMPT_LENS), "prompt_lens": list(WARMUP_PROMPT_LENS),
+                            "output_len": WARMUP_OUTPUT_LEN, "wall_time_s": time.perf_counter() - began}
         result["config"] = runner.knobs()
     except BaseException:
         runner.close()
@@ -311,9 +310,8 @@ def run_benchmark(milestone: str, workload: str | Workload, *, model: str = DEFA
             free_memory()
             log(f"[{name}] building {milestone} ({model}, {device}, {dtype})"
                 + (f"; slice: first {wl.num_requests} of {wl.num_requests_total} requests" if wl.slice else ""))
-            kv_tokens = None if milestone in registered_runners() else kv_tokens_needed(wl)
             runner = build_runner(milestone, wl, result, model=model, device=device, dtype=dtype, seed=seed,
-                                  overrides=overrides, kv_tokens=kv_tokens, inject=inject)
+                                  overrides=overrides, inject=inject)
             result.update(measure(runner, wl, use_tqdm))
             result["config"] = runner.knobs()  # again: some engines resolve knobs lazily (e.g. cache sizes)
         result["status"] = "ok"

@@ -44,12 +44,11 @@ class PhaseResult:
 
 class Runner:
     """One engine on one device, built as ``cls(workload, model=, device=, dtype=, seed=, overrides=, kv_tokens=,
-    inject=)``: ``knobs()`` (its config, for the JSON), ``warmup()`` (untimed; returns what it ran where that is
-    not ``warmup_requests()``), ``run_phase``, ``reset()`` and ``close()``."""
+    inject=)``: ``knobs()`` (its config, for the JSON), ``warmup()`` (untimed, on ``warmup_requests()``),
+    ``run_phase``, ``reset()`` and ``close()``."""
 
     name: str = "?"  # registry name, or the milestone's short name
     engine_label: str = "?"
-    holds_kv_pool: bool = False  # True: a K/V pool sized at build time (``kv_tokens``), not per batch
     mode: str | None = "generate: all requests submitted at once"  # how the last phase was driven
     device: torch.device
     dtype: torch.dtype
@@ -150,10 +149,9 @@ def has_step_api(engine) -> bool:
 
 def holds_kv_pool(name: str) -> bool:
     """Whether the engine keeps a K/V pool sized up front (and takes ``kv_tokens``), rather than allocating
-    K/V per batch as it goes: milestones whose ``EngineConfig`` has a K/V knob; runners that say so."""
-    runners = registered_runners()
-    if name in runners:
-        return runners[name].holds_kv_pool
+    K/V per batch as it goes: milestones whose ``EngineConfig`` has a K/V knob (never transformers' batches)."""
+    if name in registered_runners():
+        return False
     config_cls = importlib.import_module(resolve_milestone_module(name)).EngineConfig
     return bool({f.name for f in dataclasses.fields(config_cls)} & set(KV_KNOBS))
 

@@ -1,8 +1,10 @@
-"""The named sets of the GPU suite: what ``benchmarks/gpu_suite.sh --set NAME`` runs, named by what they measure
-(which sets a past call ran is in its record, ``results/h200/calls/``). Entries: ``Run`` (one timed run),
-``Compare`` (interleaved repeats: every ratio the docs quote) and ``Gate`` (gate checks only). Times are rough
-H200 seconds (qwen3-0.6b-random, bf16): a run's ``est_s`` includes build and warm-up; a comparison's estimate is
-each engine's ``build_s`` plus ``repeats`` x its ``run_s``. What does not fit the budget is skipped, not cut.
+"""The named sets of the GPU suite: what ``benchmarks/gpu_suite.sh --set NAME`` runs, named by what they measure:
+the sets behind the figures the docs quote, and what ``gpu_*.sh`` run (which sets a past call ran is in its record,
+``results/h200/calls/``; the sets retired since are in ``git show 0c790fd:benchmarks/suite_sets.py``). Entries:
+``Run`` (one timed run), ``Compare`` (interleaved repeats: every ratio the docs quote) and ``Gate`` (gate checks
+only). Times are rough H200 seconds (qwen3-0.6b-random, bf16): a run's ``est_s`` includes build and warm-up; a
+comparison's estimate is each engine's ``build_s`` plus ``repeats`` x its ``run_s``. What does not fit the budget
+is skipped, not cut.
 """
 
 from __future__ import annotations
@@ -22,14 +24,12 @@ class Run:
     workload: str
     est_s: float  # rough H200 time including build and warm-up
     max_requests: int | None = None
-    overrides: tuple[tuple[str, object], ...] = ()  # engine config fields, e.g. (("max_num_seqs", 16),)
-    tag: str | None = None  # appended to the result name so variants do not overwrite the documented run
 
     def gate_items(self) -> list[GateItem]:
-        return [GateItem(self.milestone, self.workload, self.overrides, self.tag)]
+        return [GateItem(self.milestone, self.workload)]
 
 
-# The ratios each workload's comparisons report (member / reference), unless a Compare names its own.
+# The ratios each workload's comparisons report (member / reference).
 RATIO_METRICS: dict[str, tuple[str, ...]] = {
     "chunked": ("groups.decoder.itl_p50_s", "groups.decoder.itl_p99_s", "groups.decoder.itl_max_s"),
     "chunked-long": ("groups.decoder.itl_p50_s", "groups.decoder.itl_p99_s", "groups.decoder.itl_max_s"),
@@ -52,8 +52,6 @@ class Compare:
     repeats: int = 3
     run_s: float | tuple[float, ...] = 30  # one timed run: one figure for all engines, or one per engine
     build_s: float | tuple[float, ...] = 5  # build + warm-up of one engine: for all, or one per engine
-    ratio_metrics: tuple[str, ...] | None = None
-    max_requests: int | None = None
 
     @property
     def members(self) -> tuple[Member, ...]:
@@ -68,7 +66,7 @@ class Compare:
         return sum(builds[m] + self.repeats * runs[m] for m in (self.members if members is None else members))
 
     def metrics(self) -> tuple[str, ...]:
-        return self.ratio_metrics or RATIO_METRICS.get(self.workload, DEFAULT_RATIO_METRICS)
+        return RATIO_METRICS.get(self.workload, DEFAULT_RATIO_METRICS)
 
     def gate_items(self) -> list[GateItem]:
         return [GateItem(m.engine, self.workload, m.overrides, m.tag) for m in self.members]
@@ -87,6 +85,7 @@ Entry = Run | Compare | Gate
 
 
 FP8_KV = Member("m13", (("kv_cache_dtype", "fp8"),), "fp8kv")  # m13 with its K/V cache in float8 e4m3
+FP8_KV_NANOVLLM = Compare(("m13", FP8_KV), "nanovllm", run_s=(15, 13), build_s=20)
 KV_2GIB = ("kv_cache_memory_bytes", 2 * 2**30)
 PIECEWISE = Member("m12", (("cudagraph_mode", "full_and_piecewise"),), "piecewise")  # mixed steps in pieces
 
@@ -105,68 +104,15 @@ def tensor_parallel(milestone: str, size: int, *more: tuple[str, object], suffix
 
 
 SETS: dict[str, list[Entry]] = {  # named by what they measure; calls/*.json record which sets each call ran
-    "smoke": [  # every engine on a few requests: does it all run here? (~80 s)
+    "smoke": [  # every engine on a few requests: does it all run here? (~65 s)
         Run("m01", "single-sweep", 6, max_requests=2),
         Run("m02", "offline", 12, max_requests=4),
         Run("m03", "offline", 10, max_requests=8),
         Run("m04", "offline", 10, max_requests=8),
         Run("m04", "memory-bound", 10, max_requests=8),
         Run("hf-static", "offline", 15, max_requests=8),
-        Run("hf-cb", "offline", 15, max_requests=8),
-    ],
-    # ---- single runs: figures that are not ratios (latency along a sweep, memory peaks)
-    "m01-m02": [
-        Run("m01", "single", 8),
-        Run("m02", "single", 8),
-        Run("m01", "single-sweep", 10),
-        Run("m02", "single-sweep", 10),
-        Run("m02", "prefix", 8),        # default slice: 8 requests
-        Run("m01", "offline", 25),      # default slice: 8 requests
-        Run("m02", "nanovllm", 70),     # default slice: 8 requests
-        Run("m02", "offline", 80),      # default slice: 32 requests
-    ],
-    "m03-m04-small-workloads": [Run(m, w, est) for w, est in (("single", 8), ("prefix", 8), ("chunked", 15),
-                                                              ("offline", 12)) for m in ("m03", "m04")],
-    "m03-batch-sweep": [  # static batches of 8 ... 64 on the first 64 `offline` requests
-        Run("m03", "offline", est, max_requests=64, overrides=(("max_num_seqs", size),), tag=f"bs{size}")
-        for size, est in ((8, 35), (16, 20), (32, 14), (64, 10))
-    ],
-    "offline-single-runs": [
-        Run("hf-static", "offline", 35),
-        Run("m03", "offline", 12),
-        Run("m04", "offline", 12),
-        Run("hf-cb", "offline", 25),
-        Run("m01", "single", 8),
-        Run("m02", "single", 8),
-        Run("m01", "single-sweep", 10),
-        Run("m02", "single-sweep", 10),
-        Run("m02", "offline", 35, max_requests=16),
-    ],
-    "nanovllm-first-64": [  # the baselines take ~4 min each on all 256
-        Run(name, "nanovllm", est, max_requests=64)
-        for name, est in (("hf-static", 110), ("hf-cb", 110), ("m03", 40), ("m04", 40))
-    ],
-    "long-sweep": [Run("m01", "long-sweep", 30), Run("m02", "long-sweep", 20)],
-    "baselines": [
-        Run("hf-static", "offline", 30),
-        Run("hf-cb", "offline", 40),
-        Run("hf-cb", "nanovllm", 150),
-        Run("hf-static", "nanovllm", 190),
-    ],
-    "transformers-nanovllm": [  # hf-compiled compiles per batch shape: the first 64 requests are one batch
-        Run("hf-compiled", "nanovllm", 150, max_requests=64),
-        Run("hf-static", "nanovllm", 200),  # one static batch of 256, as long as its longest request
     ],
     # ---- interleaved comparisons, one milestone step each (two of them fill one ~560 s call)
-    "gate-m01-m04": [
-        Gate(("m01", "m02"), ("single", "offline")),
-        Gate(("m03", "m04"), ("offline", "skewed", "nanovllm")),
-    ],
-    "m03-m04-offline-skewed": [
-        Compare(("m03", "m04"), "offline", run_s=(7, 7)),
-        Compare(("m03", "m04"), "skewed", run_s=(45, 26)),
-    ],
-    "m03-m04-nanovllm": [Compare(("m03", "m04"), "nanovllm", run_s=(52, 44))],
     "m03-m06-offline": [Compare(("m03", "m04", "m05", "m06"), "offline", run_s=(13, 13, 13, 13))],
     "m04-m05-memory-bound": [Compare(("m04", "m05"), "memory-bound", run_s=(22, 12))],
     "m04-m06-nanovllm": [Compare(("m04", "m05", "m06"), "nanovllm", run_s=(45, 38, 38))],
@@ -176,15 +122,10 @@ SETS: dict[str, list[Entry]] = {  # named by what they measure; calls/*.json rec
     ],
     "m06-m08-offline": [Compare(("m06", "m07", "m08"), "offline", run_s=(10, 10, 9))],
     "m06-m08-nanovllm": [Compare(("m06", "m07", "m08"), "nanovllm", run_s=(32, 30, 20))],
-    "m06-m07-chunked": [  # m07 at its default budget (8,192 tokens a step) against m06's whole prefills
-        Compare(("m06", "m07"), "chunked", run_s=10),
-        Compare(("m06", "m07"), "chunked-long", run_s=15),
-    ],
     "m07-budgets": [
         Compare(budgets("m07", (None, 2048, 512, 256)), "chunked", run_s=3),
         Compare(budgets("m07", (None, 2048, 512, 256)), "chunked-long", run_s=(6, 7, 8, 10)),
     ],
-    "m07-m10-nanovllm": [Compare(("m07", "m08", "m10"), "nanovllm", run_s=(40, 30, 11), build_s=8)],
     # m10 captures its CUDA graphs when built (build_s); the gate checks it with graphs and without.
     "m09-m10": [
         Gate((Member("m10", (("enforce_eager", True),), "eager"),), ("offline", "nanovllm")),
@@ -192,29 +133,16 @@ SETS: dict[str, list[Entry]] = {  # named by what they measure; calls/*.json rec
         Compare(("m09", "m10"), "nanovllm", run_s=(22, 8), build_s=20),
         Compare(("m09", "m10"), "memory-bound", run_s=(25, 12), build_s=20),
     ],
-    # m10 against the strongest transformers peer, hf-compiled (static cache, compiled decoding steps: it
-    # compiles while it warms up, one batch shape on offline), with m09 in the same rounds.
-    "m10-peers": [
-        Gate(("m10", Member("m10", (("enforce_eager", True),), "eager")), ("offline",)),
-        Compare(("m09", "hf-compiled", "m10"), "offline", run_s=(13, 9, 5), build_s=(5, 130, 10)),
-        Run("hf-static", "offline", 35),
-        Run("hf-cb", "offline", 25),
-    ],
-    # The host hidden behind the GPU (m12) against m10 and m11 (whose offline generate is m10's, in-process),
-    # and transformers' compiled generate beside them on `offline`.
+    # The host hidden behind the GPU (m12) against m10 and m11 (whose offline generate is m10's, in-process).
     "m10-m12-nanovllm": [Compare(("m10", "m11", "m12"), "nanovllm", run_s=(11, 11, 8), build_s=12)],
     "m10-m12-nanovllm-pair": [Compare(("m10", "m12"), "nanovllm", run_s=(10, 7), build_s=(12, 18))],
-    "m10-m12-offline-peers": [Compare(("hf-compiled", "m10", "m12"), "offline", run_s=(8, 3, 2), build_s=(110, 12, 18))],
-    "m12-mixed-step-graphs": [Compare(("hf-compiled", "m10", PIECEWISE, "m12"), "offline", run_s=(8, 3, 2, 2),
-                                      build_s=(110, 12, 18, 18))],  # mixed steps whole against in pieces
+    "m12-mixed-step-graphs": [Compare(("m10", PIECEWISE, "m12"), "offline", run_s=(3, 2, 2),
+                                      build_s=(12, 18, 18))],  # mixed steps whole against in pieces
     "m10-m12-memory-bound": [Compare(("m10", "m12"), "memory-bound", run_s=(5, 4), build_s=12)],
     # ---- m13: FP8 K/V against the bf16 K/V cache, on Qwen3-0.6B's shape; the gate checks m13 unquantized
     # (gpu_suite.LOSSY_KNOBS). The 8B decode step is quant_step.py's, the logit errors quant_accuracy.py's.
-    "m13-fp8-kv-nanovllm": [Compare(("m13", FP8_KV), "nanovllm", run_s=(15, 13), build_s=20)],
-    "m13-fp8-kv": [
-        Compare(("m13", FP8_KV), "nanovllm", run_s=(15, 13), build_s=20),
-        Compare(("m13", FP8_KV), "memory-bound", run_s=(12, 10), build_s=20),
-    ],
+    "m13-fp8-kv-nanovllm": [FP8_KV_NANOVLLM],
+    "m13-fp8-kv": [FP8_KV_NANOVLLM, Compare(("m13", FP8_KV), "memory-bound", run_s=(12, 10), build_s=20)],
     # memory-bound's requests at a 2 GiB K/V budget, which binds for both caches (4 GiB does not bind for FP8)
     "m13-fp8-kv-memory-bound-2gib": [Compare((Member("m13", (KV_2GIB,), "kv-2gib"),
                                               Member("m13", (("kv_cache_dtype", "fp8"), KV_2GIB), "fp8kv-kv-2gib")),

@@ -305,24 +305,23 @@ def _uneven_prefix_workload():
     return dataclasses.replace(wl, phases=(Phase("prefix", reqs),), num_requests_total=3)
 
 
-@pytest.mark.parametrize("baseline", ["hf-static", "hf-cb"])
-def test_hf_baselines_produce_exactly_the_requested_tokens(baseline, tmp_path):
+def test_hf_static_produces_exactly_the_requested_tokens(tmp_path):
     wl = _uneven_prefix_workload()
-    result = run_benchmark(baseline, wl, model="tiny", device="cpu", use_tqdm=False, log=None)
+    result = run_benchmark("hf-static", wl, model="tiny", device="cpu", use_tqdm=False, log=None)
     assert result["status"] == "ok", result.get("error")
     metrics = result["metrics"]
     assert metrics["output_tokens"] == 3 + 5 + 8 == wl.output_tokens
     assert set(METRIC_KEYS) <= set(metrics)
-    if baseline == "hf-static":
-        # one batch of 3: every row runs max(prompt) + 8 - 1 positions; the rest is padding
-        longest = max(r.prompt_len for r in wl.requests)
-        assert metrics["tokens_computed"] == 3 * (longest + 8 - 1)
-        assert metrics["padding_tokens"] == metrics["tokens_computed"] - sum(r.prompt_len + r.max_tokens - 1
-                                                                             for r in wl.requests)
-    else:
-        assert result["config"]["per_request_max_new_tokens"] is True
+    # one batch of 3: every row runs max(prompt) + 8 - 1 positions; the rest is padding
+    longest = max(r.prompt_len for r in wl.requests)
+    assert metrics["tokens_computed"] == 3 * (longest + 8 - 1)
+    assert metrics["padding_tokens"] == metrics["tokens_computed"] - sum(r.prompt_len + r.max_tokens - 1
+                                                                         for r in wl.requests)
     path = save_result(result, tmp_path)
-    assert json.loads(path.read_text())["name"] == f"{baseline}_prefix"
+    assert json.loads(path.read_text())["name"] == "hf-static_prefix"
+    with pytest.raises(ValueError, match="no knob"):
+        runners.make_runner("hf-static", wl, model="tiny", device="cpu", dtype="auto", seed=0,
+                            overrides={"block_size": 16})
 
 
 def test_hf_static_matches_our_engine_token_for_token():
@@ -334,58 +333,16 @@ def test_hf_static_matches_our_engine_token_for_token():
     assert [o.token_ids for o in ours] == [o.token_ids for o in theirs]
 
 
-# aot_eager traces and compiles exactly what inductor would be given, in seconds on a CPU (inductor: tens of seconds)
-QUICK_COMPILE = (("max_num_seqs", 2), ("compile_backend", "aot_eager"), ("compile_mode", None))
-
-
-def test_hf_compiled_gives_hf_statics_tokens_and_compiles_only_while_warming_up():
-    """Batches of 2 and 1: two decoding shapes, both compiled in the warm-up, none in the timed run."""
-    wl = _uneven_prefix_workload()
-    kwargs = dict(model="tiny", device="cpu", use_tqdm=False, log=None)
-    static = run_benchmark("hf-static", wl, overrides={"max_num_seqs": 2}, **kwargs)
-    compiled = run_benchmark("hf-compiled", wl, overrides=dict(QUICK_COMPILE), **kwargs)
-    assert compiled["status"] == "ok", compiled.get("error")
-    assert compiled["tokens"]["sha256"] == static["tokens"]["sha256"]  # float32: the same greedy tokens
-    warmup = compiled["warmup"]
-    assert [s["rows"] for s in warmup["shapes"]] == [2, 1] and warmup["torch_compilations"] == 2
-    assert all(s["torch_compilations"] == 1 for s in warmup["shapes"]) and warmup["cudagraph_skips"] == 0
-    metrics, config = compiled["metrics"], compiled["config"]
-    assert metrics["torch_compilations"] == 0
-    assert config["max_cache_len"] == max(49 + 5, 50 + 8)  # batches: prompts 48, 49 (outputs 3, 5); 50 (8)
-    assert config["compile"]["fullgraph"] and config["compile"]["dynamic"] is False
-    for key in ("steps", "tokens_computed", "padding_tokens", "output_tokens", "prompt_tokens_computed"):
-        assert metrics[key] == static["metrics"][key], key
-    per_token = runners.kv_bytes_per_token(runners.model_config("tiny"), torch.float32)
-    assert metrics["kv_reserved_peak_bytes"] == 2 * config["max_cache_len"] * per_token
-    assert metrics["ttft_p50_s"] > 0 and metrics["itl_p50_s"] > 0
-
-
-def test_hf_compiled_refuses_to_pass_for_an_eager_static_cache(monkeypatch):
-    """If generate does not compile (here: no compile_config, on a CPU), the warm-up says so instead of
-    measuring an eager static cache under the compiled peer's name."""
-    from benchmarks.baselines import HFCompiledRunner
-
-    monkeypatch.setattr(HFCompiledRunner, "_generate_kwargs",
-                        lambda self: {"cache_implementation": "static", "max_cache_len": self.max_cache_len})
-    result = run_benchmark("hf-compiled", _uneven_prefix_workload(), model="tiny", device="cpu",
-                           overrides=dict(QUICK_COMPILE), use_tqdm=False, log=None, catch_errors=True)
-    assert result["status"] == "error" and "did not compile" in result["error"]
-    with pytest.raises(ValueError, match="compile_backend"):
-        runners.make_runner("hf-compiled", _uneven_prefix_workload(), model="tiny", device="cpu", dtype="auto",
-                            seed=0, overrides={"block_size": 16})
-
-
-def test_hf_compiled_is_a_member_of_an_interleaved_comparison():
+def test_hf_static_is_a_member_of_an_interleaved_comparison():
     wl = tiny_workload("offline", ((20, 4), (27, 5), (34, 6)))
-    members = [compare.Member("hf-compiled", QUICK_COMPILE), compare.Member("m04")]
+    members = [compare.Member("hf-static", (("max_num_seqs", 2),)), compare.Member("m04")]
     results = compare.run_comparison(members, wl, 2, model="tiny", device="cpu", dtype="auto", log=None)
     assert [r["status"] for r in results] == ["ok", "ok"], [r["error"] for r in results]
     hf, m04 = results
-    assert hf["name"] == "hf-compiled_offline" and hf["comparison"]["reference"] == "hf-compiled"
-    assert [rep["metrics"]["torch_compilations"] for rep in hf["repeats"]] == [0, 0]
+    assert hf["name"] == "hf-static_offline" and hf["comparison"]["reference"] == "hf-static"
     assert hf["tokens"]["identical_across_repeats"] and hf["tokens"]["sha256"] == m04["tokens"]["sha256"]
     [row] = report.comparison_rows(results)
-    assert row[0] == "m04 / hf-compiled: output_tokens_per_s, offline" and row[2] == 2
+    assert row[0] == "m04 / hf-static: output_tokens_per_s, offline" and row[2] == 2
 
 
 # --------------------------------------------------------------------------- the correctness gate
@@ -585,9 +542,9 @@ def test_suite_gates_compares_and_reports(tmp_path, monkeypatch, tiny_offline):
         suite_sets.Compare(("m03", "m04"), "offline", run_s=1),
         suite_sets.Compare(("m04", "m99"), "offline", run_s=1),  # m99 does not exist: nothing to compare
     ])
-    suite = gpu_suite.run_suite(["cpu-test"], budget_s=10_000, model="tiny", device="cpu", dtype="auto",
-                                out=tmp_path / "results", out_env=tmp_path / "out", use_tqdm=False)
-    assert suite.exit_status == 0
+    suite = gpu_suite.Suite(["cpu-test"], budget_s=10_000, model="tiny", device="cpu", dtype="auto",
+                            out=tmp_path / "results", out_env=tmp_path / "out", use_tqdm=False)
+    assert suite.run() == 0
     saved = json.loads((tmp_path / "out" / "suite.json").read_text())
     assert [(g["label"], g["status"]) for g in saved["gate"]] == [
         ("m03:offline", "pass"), ("m04:offline", "pass"), ("m99:offline", "skipped")]
@@ -604,9 +561,9 @@ def test_suite_gates_compares_and_reports(tmp_path, monkeypatch, tiny_offline):
 def test_a_failed_gate_fails_the_call_but_keeps_the_measurements(tmp_path, monkeypatch, tiny_offline):
     wrong_third_token(monkeypatch)
     monkeypatch.setitem(gpu_suite.SETS, "cpu-test", [suite_sets.Run("m04", "offline", 1)])
-    suite = gpu_suite.run_suite(["cpu-test"], budget_s=10_000, model="tiny", device="cpu", dtype="auto",
-                                out=tmp_path / "results", out_env=tmp_path / "out", use_tqdm=False)
-    assert suite.exit_status == 1
+    suite = gpu_suite.Suite(["cpu-test"], budget_s=10_000, model="tiny", device="cpu", dtype="auto",
+                            out=tmp_path / "results", out_env=tmp_path / "out", use_tqdm=False)
+    assert suite.run() == 1
     summary = (tmp_path / "out" / "summary.md").read_text()
     assert summary.startswith("**GATE FAILED") and "m04:offline: request 0 diverges at token 2" in summary
     saved = json.loads((tmp_path / "out" / "suite.json").read_text())
@@ -614,11 +571,11 @@ def test_a_failed_gate_fails_the_call_but_keeps_the_measurements(tmp_path, monke
 
 
 def test_suite_skips_what_does_not_fit_and_reports(tmp_path):
-    suite = gpu_suite.run_suite(["m01-m02", "m03-m04-nanovllm"], budget_s=0, model="tiny", device="cpu",
-                                dtype="auto", out=tmp_path / "results", out_env=tmp_path / "out", use_tqdm=False)
-    assert suite.exit_status == 0
+    suite = gpu_suite.Suite(["smoke", "m04-m06-nanovllm"], budget_s=0, model="tiny", device="cpu",
+                            dtype="auto", out=tmp_path / "results", out_env=tmp_path / "out", use_tqdm=False)
+    assert suite.run() == 0
     saved = json.loads((tmp_path / "out" / "suite.json").read_text())
-    assert len(saved["results"]) == len(gpu_suite.SETS["m01-m02"]) + 1  # one record for the comparison
+    assert len(saved["results"]) == len(gpu_suite.SETS["smoke"]) + 1  # one record for the comparison
     assert all(r["status"] == "skipped" for r in saved["results"])
     assert saved["gate"] and all(g["status"] == "skipped" for g in saved["gate"])
     assert (tmp_path / "out" / "summary.md").is_file()
@@ -635,30 +592,13 @@ def test_sets_list_and_expand(capsys):
         gpu_suite.expand_sets(["no-such-set"])
     budgets = [e for e in gpu_suite.SETS["m07-budgets"] if e.workload == "chunked-long"][0]
     assert [m.overrides for m in budgets.members][0] == (("max_num_batched_tokens", None),)
-    items = gpu_suite.gate_items(gpu_suite.SETS["m03-batch-sweep"], num_requests=4)
-    assert [i.label for i in items] == ["m03:offline"]  # batch sizes >= 4 cannot change a 4-request gate
 
 
-def test_m10_peers_gates_m10_both_ways_and_budgets_hf_compileds_compile():
-    entries = gpu_suite.SETS["m10-peers"]
-    labels = [i.label for i in gpu_suite.gate_items(entries, num_requests=4)]
-    assert labels == ["m10:offline", "m10+eager:offline", "m09:offline", "hf-compiled:offline",
-                      "hf-static:offline", "hf-cb:offline"]
-    [peers] = [e for e in entries if isinstance(e, suite_sets.Compare)]
-    assert [m.engine for m in peers.members] == ["m09", "hf-compiled", "m10"] and peers.repeats == 3
-    m09, hf_compiled, m10 = peers.members
-    assert peers.est_s((m10,)) == 10 + 3 * 5  # per-engine builds
-    assert peers.est_s() == 5 + 3 * 13 + 130 + 3 * 9 + 10 + 3 * 5
-    assert [(e.milestone, e.workload) for e in entries if isinstance(e, suite_sets.Run)] == [
-        ("hf-static", "offline"), ("hf-cb", "offline")]
-
-
-def test_the_gate_says_why_it_skips_each_baseline():
+def test_the_gate_says_why_it_skips_a_baseline():
     gate = CorrectnessGate("tiny", "cpu", log=None)
-    records = {name: gate.check(GateItem(name, "offline")) for name in ("hf-static", "hf-compiled")}
-    assert {r["status"] for r in records.values()} == {"skipped"} and not gate.has_reference
-    assert "reference itself" in records["hf-static"]["error"]
-    assert "equal hf-static's in the CPU tests" in records["hf-compiled"]["error"]
+    record = gate.check(GateItem("hf-static", "offline"))
+    assert record["status"] == "skipped" and not gate.has_reference
+    assert "reference itself" in record["error"]
 
 
 def test_unpack_writes_runs_and_the_call_record(tmp_path):
