@@ -80,7 +80,7 @@ def test_the_shared_plumbing_imports_no_milestone():
 # Plumbing creeps back into the rooms one helper at a time: the rooms that held most of it keep a budget (the house
 # issue's targets). A room over budget moves what it does not teach to milestones/common/ (or benchmarks/ its own).
 # benchmarks/ (*.py, the .sh scripts aside) is the biggest room: its budget only goes down (the aim: 4,000).
-LINE_BUDGETS = {"milestones/m01_naive_loop": 1_450, "milestones/m09_server": 1_250, "benchmarks": 4_950}
+LINE_BUDGETS = {"milestones/m01_naive_loop": 1_450, "milestones/m09_server": 1_250, "benchmarks": 4_000}
 
 
 @pytest.mark.parametrize("room, budget", sorted(LINE_BUDGETS.items()))
