@@ -150,6 +150,7 @@ def main(argv: list[str] | None = None) -> int:
             setattr(module, name, CompileOnly(getattr(module, name).compiled, compiled))
     matmul_kernels.F.linear = lambda x, w, bias=None: x.new_empty((x.shape[0], w.shape[0]))  # nothing to run
     # the GPU's code paths, not the interpreter's (bf16 dots, the decode kernel's PTX widening of an FP8 cache)
+    matmul_kernels.runs_interpreted = lambda device: False
     paged_decode_kernel.runs_interpreted = lambda device: False
     store_kv_kernel.runs_interpreted = lambda device: False
 
