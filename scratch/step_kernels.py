@@ -34,7 +34,7 @@ def kernels_of(engine, size: int = 1, context: int = 512) -> dict:
         if event.device_type != torch.autograd.DeviceType.CUDA:
             continue
         per_name[event.name][0] += 1
-        per_name[event.name][1] += event.device_time  # us
+        per_name[event.name][1] += event.time_range.elapsed_us()
         starts.append(event.time_range.start)
         ends.append(event.time_range.end)
     rows = sorted(((n, c / REPLAYS, t / REPLAYS) for n, (c, t) in per_name.items()), key=lambda r: -r[2])
