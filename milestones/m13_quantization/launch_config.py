@@ -10,7 +10,7 @@ so a captured CUDA graph always replays the launch it recorded):
     small   M <= SMALL_MAX_M (decode at batch 3-32)  a tile of M rows (padded to 16) on the tensor cores: the
             weight tile is unpacked to bf16 in registers and fed to ``tl.dot``, once for all rows, where the GEMV
             unpacks and multiplies each weight once per row on the CUDA cores. On the H200 a Qwen3-8B step at
-            4 rows takes 4.42 ms in int4 and 4.69 in int8 this way, 5.55 on int8's GEMV, bf16 4.96; at 2 rows
+            4 rows takes 4.42 ms in int4 and 4.69 in int8 this way, 5.56 on int8's GEMV, bf16 4.96; at 2 rows
             the GEMV wins (results/h200/m13_step_times+regimes-ab.json, +int8-small-batches.json), so both
             methods leave it after 2.
     large   M <= LARGE_MAX_M (decode at batch 33-512)  the same kernel with larger tiles, or ``dequant``:
@@ -93,7 +93,7 @@ def regime(m: int, method: str) -> str:
 
 
 # One configuration per method and regime. gemv: measured on the H200 at Qwen3-8B's five shapes, batch 1. int8
-# (quant_bench --gemv-grid, results/h200/quant_bench+gemv-grid.json): 8 rows x 512 inputs per step with 2 warps,
+# (quant_bench --gemv-grid at 0c790fd, results/h200/quant_bench+gemv-grid.json): 8 rows x 512 inputs a step, 2 warps,
 # 4 stages deep. int4 on tiles (results/h200/int4_tiles_grid.json): the words kernel with one warp of 32 rows,
 # 3 stages deep (16 or 8 rows where N gives fewer programs, gemv_for_shape); down_proj's long rows with 32 rows a
 # program and K in slices. The other regimes, from the full quant_bench (results/h200/quant_bench.json, batch 4 to

@@ -5,7 +5,7 @@ per row, or as int4 nibbles with one scale per row and 128-input group (``quanti
 kernel reads every weight byte once from memory, turns it into a float in registers and multiplies it there:
 the bytes read per step shrink 2x (int8) or ~3.8x (int4) against bf16, the arithmetic does not.
 
-**gemv** (decode at batch 1-4 in int8, 1-2 in int4, ``_quantized_gemv_kernel``): one program per ``BLOCK_N`` output
+**gemv** (decode at batch 1-2, ``_quantized_gemv_kernel``): one program per ``BLOCK_N`` output
 rows (and per slice of K if N alone gives too few programs: split-K, the slices added with float32 atomics). Each
 loop step loads a ``[BLOCK_N, BLOCK_K]`` tile of weight bytes (int4: one ``[BLOCK_N, 64]`` tile per 128-input group;
 contiguous along K, so 16-byte loads), unpacks it, and multiply-adds it with each of the ``M`` rows of ``x`` on the
@@ -42,15 +42,15 @@ The words kernel's whole loop (loads and addresses included) issues 7-9.5 instru
 waiting on them: on the H200 a variant with 25-35% fewer streamed no faster, while tiles cut its long matmuls' time
 by 5% at the same launch and 22% with wider programs (``docs/m13-quantization.md``, "Two guesses tested").
 
-**dot** (batch 5+ in int8, 3+ in int4, prompt chunks, ``_quantized_dot_kernel``): the classic tiled matmul
+**dot** (batch 3-32 in ``LAUNCH_TABLE``, ``_quantized_dot_kernel``): the classic tiled matmul
 (``BLOCK_M`` rows of x by ``BLOCK_N`` rows of W, grouped so that tiles reuse W from L2), whose W tile is unpacked to
 the activations' dtype and fed to ``tl.dot`` on the tensor cores. int8: the integers (exact in bf16) go into the dot
 and each column's scale multiplies the float32 result at the end. int4: each group's scale is multiplied into the
 unpacked tile before its dot (a bf16 rounding of 1/256, beside the format's own step of 1/14 of the range), so every
 dot accumulates into one float32 tile; a separate product per group would double the registers the tile needs.
 
-**dequant** (very large M, ``_dequantize_kernel``): unpack a slice of W's rows into a bf16 scratch and call
-``F.linear`` (cuBLAS) on it, slice after slice; at thousands of rows the product dwarfs the unpacking.
+**dequant** (from 33 rows in ``LAUNCH_TABLE``, ``_dequantize_kernel``): unpack a slice of W's rows into a bf16
+scratch and call ``F.linear`` (cuBLAS) on it, slice after slice; at thousands of rows the product dwarfs the unpacking.
 
 Everything here decides from shapes and Python ints only (no tensor values), so the launches can be captured in
 m10's CUDA graphs. On CPU tensors the kernels run in Triton's interpreter (m08's ``device_kernel``).
