@@ -104,3 +104,9 @@ def write_json(data: dict, path: str | Path, indent: int = 2, **dumps) -> Path:
 def default_path(result: dict, filename: str, out: str | Path | None = None) -> Path:
     """``out`` if given, else ``benchmarks/results/<gpu-slug>/<filename>`` (relative to where it runs)."""
     return Path(out) if out else Path("benchmarks/results") / result["env"]["gpu_slug"] / filename
+
+
+def save(result: dict, filename: str, out: str | None, **dumps) -> dict:
+    """``result`` as JSON at ``out`` (default ``benchmarks/results/<gpu>/<filename>``), its path printed."""
+    print(f"-> {write_json(result, default_path(result, filename, out), **dumps)}", flush=True)
+    return result

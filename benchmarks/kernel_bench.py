@@ -29,7 +29,7 @@ from milestones.m04_continuous_batching.kv_pool import DecodeAttention
 from milestones.m08_triton_kernel.launch_config import LAUNCH_TABLE, DecodeKernelConfig, choose_launch, sm_count
 from milestones.m08_triton_kernel.paged_decode_kernel import paged_decode_attention
 
-from .env import default_path, environment, write_json
+from .env import environment, save
 
 BATCHES = (1, 16, 64, 256)
 CONTEXTS = (512, 2048, 8192)
@@ -83,12 +83,6 @@ class Timing:
         gbs = 2 * (nbytes // 2) * 2 / (self.gpu_ms([lambda: torch.neg(src, out=dst)]) * 1e-3) / 1e9
         print(f"device-to-device copy: {gbs:,.0f} GB/s (read + write, {'GPU' if cuda else 'wall'} time)")
         return gbs
-
-
-def save(result: dict, filename: str, out: str | None, **dumps) -> dict:
-    """``result`` as JSON at ``out`` (default ``benchmarks/results/<gpu>/<filename>``), its path printed."""
-    print(f"-> {write_json(result, default_path(result, filename, out), **dumps)}", flush=True)
-    return result
 
 
 def config_name(config: DecodeKernelConfig) -> str:

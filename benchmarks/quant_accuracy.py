@@ -23,10 +23,10 @@ from milestones.m01_naive_loop.loader import PRESETS
 from milestones.m13_quantization import LLMEngine, SamplingParams
 from milestones.m13_quantization.accuracy import forced_logits, logit_error
 
-from .env import environment
+from .env import environment, save
 from .harness import ensure_tokenizer, free_memory
 from .quant_step import MODES as STEP_MODES
-from .quant_step import m13_engine, parse_modes, save
+from .quant_step import m13_engine, parse_modes
 
 MODES = {**{name: knobs for name, knobs in STEP_MODES.items() if knobs},  # quant_step's, but the reference's own
          "fp8-kv calculated scales": {"kv_cache_dtype": "fp8", "calculate_kv_scales": True}}

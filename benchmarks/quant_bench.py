@@ -30,8 +30,8 @@ from milestones.m13_quantization.launch_config import (CANDIDATES, LAUNCH_TABLE,
 from milestones.m13_quantization.matmul_kernels import quantized_matmul
 from milestones.m13_quantization.quantize import TILE_ROWS, dequantize_weight, quantize_weight, tile_int4
 
-from .env import environment
-from .kernel_bench import Timing, copies_needed, require_device, save
+from .env import environment, save
+from .kernel_bench import Timing, copies_needed, require_device
 
 QWEN3_8B_SHAPES = {  # name -> (N, K), after m10's packing
     "qkv_proj": (6144, 4096), "o_proj": (4096, 4096), "gate_up_proj": (24576, 4096), "down_proj": (4096, 12288),
@@ -84,7 +84,7 @@ def relative_error(out: torch.Tensor, expected: torch.Tensor) -> float:
 def candidates_for(method: str, m: int, quick: bool) -> dict[str, QuantMatmulConfig]:
     """Configurations timed for ``method`` at ``M`` rows: the launch table's entry, and with a full run every
     candidate of every regime that runs at this ``M``."""
-    table = {f"table {regime(m, method)}": LAUNCH_TABLE[method][regime(m, method)]}
+    table = {f"table {regime(m)}": LAUNCH_TABLE[method][regime(m)]}
     if quick:
         return table
     found = {name: config for kind, configs in CANDIDATES.items() if m in CANDIDATE_BATCHES[kind]
@@ -127,7 +127,7 @@ def recommend(rows: list[dict]) -> dict:
     for method, kind in itertools.product(table, ("gemv", "small", "large", "prefill")):
         times: dict[str, dict] = {}  # config name -> (shape, M) -> ms, over the cells of this method and regime
         for r in rows:
-            if r["method"] == method and regime(r["m"], method) == kind:
+            if r["method"] == method and regime(r["m"]) == kind:
                 times.setdefault(r["config_name"], {})[(r["shape"], r["m"])] = r["ms"]
         cells = {cell for per_config in times.values() for cell in per_config}
         best = {cell: min(t[cell] for t in times.values() if cell in t) for cell in cells}

@@ -23,9 +23,8 @@ from milestones.m13_quantization import EngineConfig, LLMEngine
 from milestones.m13_quantization.accuracy import compare_logits
 from milestones.m13_quantization.quantized_loader import weight_bytes
 
-from .env import environment
+from .env import environment, save
 from .harness import ensure_tokenizer
-from .kernel_bench import save
 
 MODES = {"bf16": {}, "int8": {"quantization": "int8"}, "int4": {"quantization": "int4"},
          "fp8-kv": {"kv_cache_dtype": "fp8"}, "int4+fp8-kv": {"quantization": "int4", "kv_cache_dtype": "fp8"}}

@@ -4,6 +4,7 @@
 * A value the engine refuses (an unreachable hub id, an unknown device, a prompt longer than the model
   takes) is one ``<prog>: error: ...`` line from ``demo.exit_on_bad_input``.
 * ``--help`` gives every flag a help text and shows its default.
+* Ctrl-C ends a demo with one ``<prog>: interrupted`` line, as killed by SIGINT, not with a traceback.
 
 Every milestone's demo is found by the glob, so later milestones are held to the same rules.
 """
@@ -13,6 +14,9 @@ from __future__ import annotations
 import importlib
 import pkgutil
 import re
+import signal
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -24,10 +28,12 @@ DEMOS = sorted(m.name for m in pkgutil.iter_modules(milestones.__path__) if m.na
 
 @pytest.fixture(autouse=True)
 def keep_torch_threads():
-    """A demo sets torch's CPU thread count (``--threads``); give the rest of the session its own back."""
-    threads = torch.get_num_threads()
+    """A demo sets torch's CPU thread count (``--threads``) and its Ctrl-C hook (``sys.excepthook``); give the
+    rest of the session its own back."""
+    threads, hook = torch.get_num_threads(), sys.excepthook
     yield
     torch.set_num_threads(threads)
+    sys.excepthook = hook
 
 
 def demo_main(name: str):
@@ -179,3 +185,20 @@ def test_the_kv_cache_size_reads_in_a_unit_that_shows_it():
 
     assert [format_bytes(n) for n in (512, 2**16, 1824 * 1024, 5 * 2**30)] == ["512 bytes", "64.0 KiB", "1.8 MiB",
                                                                               "5.0 GiB"]
+
+
+def test_ctrl_c_ends_a_demo_with_one_line_and_the_sigint_status():
+    code = ("from milestones.common.demo import quiet_ctrl_c\n"
+            "quiet_ctrl_c('python -m milestones.mNN')\n"
+            "quiet_ctrl_c('installed once')\n"
+            "try:\n    raise KeyboardInterrupt\nfinally:\n    print('cleaned up')\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.stdout == "cleaned up\n"  # every finally on the way ran first
+    assert done.stderr == "python -m milestones.mNN: interrupted\n"
+    assert done.returncode == -signal.SIGINT  # a shell sees 130, as for any program Ctrl-C stops
+
+
+def test_every_other_uncaught_exception_keeps_its_traceback():
+    code = "from milestones.common.demo import quiet_ctrl_c\nquiet_ctrl_c('demo')\nraise RuntimeError('a bug')\n"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and "Traceback" in done.stderr and "RuntimeError: a bug" in done.stderr

@@ -121,9 +121,8 @@ def test_quantized_linear_module_matches_its_dequantized_weight(out_features):
 
 
 def test_regimes_and_split_k_for_qwen3_8b_shapes():
-    for method in ("int8", "int4"):  # tensor cores from 3 rows
-        assert [regime(m, method) for m in (1, 2, 3, 32, 33, 512, 513)] == ["gemv", "gemv", "small", "small", "large",
-                                                                            "large", "prefill"]
+    assert [regime(m) for m in (1, 2, 3, 32, 33, 512, 513)] == ["gemv", "gemv", "small", "small", "large", "large",
+                                                                "prefill"]  # the tensor cores from 3 rows
     assert choose_launch("int4", 4, 4096, 4096, 132)[0] == LAUNCH_TABLE["int4"]["small"]
     words, long_rows = LAUNCH_TABLE["int4"]["gemv"], LAUNCH_TABLE["int4"]["gemv long rows"]
     assert (words.unpack, words.num_warps, words.block_n, long_rows.unpack, long_rows.block_n) == (

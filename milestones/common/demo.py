@@ -155,11 +155,32 @@ def demo_parser(description: str, prog: str | None = None) -> argparse.ArgumentP
 
 
 def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
-    """``parser.parse_args(argv)``, then apply the one process-wide flag, ``--threads``."""
+    """``parser.parse_args(argv)``, then apply the one process-wide flag, ``--threads``, and make a Ctrl-C that
+    ends the demo print one line instead of a traceback (``quiet_ctrl_c``)."""
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    quiet_ctrl_c(parser.prog)
     return args
+
+
+def quiet_ctrl_c(prog: str) -> None:
+    """An uncaught ``KeyboardInterrupt`` prints ``<prog>: interrupted`` instead of a traceback; every other
+    exception still reaches the hook before. It acts only when the interrupt leaves the program, after every
+    ``finally`` and ``with`` on the way has cleaned up (engines, worker processes), and Python still exits as
+    killed by SIGINT (status 130 in a shell)."""
+    previous = sys.excepthook
+    if getattr(previous, "quiet_ctrl_c", False):
+        return
+
+    def hook(kind, value, traceback) -> None:
+        if issubclass(kind, KeyboardInterrupt):
+            print(f"{prog}: interrupted", file=sys.stderr)
+        else:
+            previous(kind, value, traceback)
+
+    hook.quiet_ctrl_c = True
+    sys.excepthook = hook
 
 
 def check_min_max(parser: argparse.ArgumentParser, args: argparse.Namespace, low: str, high: str) -> None:

@@ -31,7 +31,7 @@ from dataclasses import dataclass, replace
 
 KERNELS = ("gemv", "dot", "dequant")
 UNPACK_MODES = ("convert", "magic", "subnormal")  # gemv: nibbles to floats (QuantMatmulConfig)
-GEMV_MAX_M = {"int8": 2, "int4": 2}  # rows of x up to which each method runs the gemv regime
+GEMV_MAX_M = 2  # rows of x up to which both methods run the gemv regime
 SMALL_MAX_M = 32
 LARGE_MAX_M = 512
 MAX_SPLIT_K = 16
@@ -86,8 +86,8 @@ class QuantMatmulConfig:
                              f"group_m={self.group_m}")
 
 
-def regime(m: int, method: str) -> str:
-    if m <= GEMV_MAX_M[method]:
+def regime(m: int) -> str:
+    if m <= GEMV_MAX_M:
         return "gemv"
     return "small" if m <= SMALL_MAX_M else "large" if m <= LARGE_MAX_M else "prefill"
 
@@ -208,7 +208,7 @@ def choose_launch(method: str, m: int, n: int, k: int, num_sms: int,
                   table: dict[str, dict[str, QuantMatmulConfig]] = LAUNCH_TABLE) -> tuple[QuantMatmulConfig, int]:
     """``(config, split_k)`` of one launch: the table's entry for ``M``'s regime (``gemv``: its ``block_n``
     fitted to N by ``gemv_for_shape``)."""
-    config = table[method][regime(m, method)]
+    config = table[method][regime(m)]
     if config.kernel == "gemv":
         config = gemv_for_shape(config, n, k, num_sms, table[method].get("gemv long rows"))
     return config, choose_split_k(m, n, k, num_sms, config)
