@@ -227,11 +227,23 @@ def test_int4_gemv_keeps_its_precision_over_the_activations_range(unpack):
     assert torch.allclose(out.cpu().double(), reference, rtol=1e-5, atol=1e-5 * reference.abs().max().item())
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 2, 4])
 @pytest.mark.parametrize("method", ["int8", "int4"])
-def test_split_k_adds_the_slices(method):
-    x, qweight, scales = matmul_case(method, 2, 24, 768, torch.float32, seed=3)
-    out = quantized_matmul(x, qweight, scales, method, config=LAUNCH_TABLE[method]["gemv"], split_k=3)
+def test_split_k_adds_the_slices(method, rows, dtype):
+    """The program that finishes a row block's last slice adds every slice and stores the output in x's dtype;
+    it leaves its counter at zero for the next launch, and the sum does not depend on which program finishes."""
+    from milestones.m13_quantization import matmul_kernels
+
+    x, qweight, scales = matmul_case(method, rows, 24, 768, dtype, seed=3)
+    config = LAUNCH_TABLE[method]["gemv"]
+    out = quantized_matmul(x, qweight, scales, method, config=config, split_k=3)
+    assert out.dtype == dtype
     assert_close_to_reference(out, x, qweight, scales, method)
+    counters = matmul_kernels._split_counters(x.device, 24)
+    assert not counters.any(), "a finishing program left its counter set"
+    again = quantized_matmul(x, qweight, scales, method, config=config, split_k=3)
+    assert torch.equal(again, out)
 
 
 def test_the_wrapper_refuses_bad_shapes_in_one_line():

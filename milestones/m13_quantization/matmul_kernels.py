@@ -6,7 +6,8 @@ kernel reads every weight byte once from memory, turns it into a float in regist
 the bytes read per step shrink 2x (int8) or ~3.8x (int4) against bf16, the arithmetic does not.
 
 **gemv** (decode at batch 1-2, ``_quantized_gemv_kernel``): one program per ``BLOCK_N`` output
-rows (and per slice of K if N alone gives too few programs: split-K, the slices added with float32 atomics). Each
+rows (and per slice of K if N alone gives too few programs: split-K, the slices' sums added by whichever
+program finishes last, in slice order). Each
 loop step loads a ``[BLOCK_N, BLOCK_K]`` tile of weight bytes (int4: one ``[BLOCK_N, 64]`` tile per 128-input group;
 contiguous along K, so 16-byte loads), unpacks it, and multiply-adds it with each of the ``M`` rows of ``x`` on the
 CUDA cores, every tensor kept in the tile's own two-dimensional layout (no shared-memory shuffles), the next tiles'
@@ -209,26 +210,32 @@ def _fold(acc, products, DEFER_SUM: tl.constexpr):
 
 
 @triton.jit
-def _finish_row(acc, out_row_ptr, cols, col_ok, scale, DEFER_SUM: tl.constexpr, ATOMIC: tl.constexpr,
-                SCALE: tl.constexpr):
+def _row_sums(acc, scale, DEFER_SUM: tl.constexpr, SCALE: tl.constexpr):
+    """A program's ``[BLOCK_N]`` sums for one row of x (its slice of K only, when K is split)."""
     if DEFER_SUM:
         acc = tl.sum(acc, axis=1)
     if SCALE:
         acc = acc * scale
-    if ATOMIC:  # split-K: every slice adds its part into a zeroed float32 output
-        tl.atomic_add(out_row_ptr + cols, acc, mask=col_ok)
-    else:
-        tl.store(out_row_ptr + cols, acc.to(out_row_ptr.dtype.element_ty), mask=col_ok)
+    return acc
+
+
+@triton.jit
+def _add_slices(part_ptr, out_ptr, cols, col_ok, num_slices, stride_part):
+    """The finishing program of a split: the slices' float32 sums of one row, added in slice order, then stored."""
+    total = tl.load(part_ptr + cols, mask=col_ok, other=0.0, cache_modifier=".cg")
+    for s in range(1, num_slices):
+        total += tl.load(part_ptr + s * stride_part + cols, mask=col_ok, other=0.0, cache_modifier=".cg")
+    tl.store(out_ptr + cols, total.to(out_ptr.dtype.element_ty), mask=col_ok)
 
 
 @device_kernel
 @triton.jit
 def _quantized_gemv_kernel(
-    x_ptr, w_ptr, s_ptr, out_ptr,
+    x_ptr, w_ptr, s_ptr, out_ptr, part_ptr, count_ptr,
     N, K, k_per_split,
     stride_xm, stride_wn, stride_sn, stride_om,
     INT4: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP: tl.constexpr, UNPACK: tl.constexpr, ATOMIC: tl.constexpr, EVEN: tl.constexpr, DEFER_SUM: tl.constexpr,
+    GROUP: tl.constexpr, UNPACK: tl.constexpr, SPLIT: tl.constexpr, EVEN: tl.constexpr, DEFER_SUM: tl.constexpr,
     NUM_STAGES: tl.constexpr, TILED: tl.constexpr,
 ):
     """One program: output rows [pid_n * BLOCK_N, +BLOCK_N) for the ``ROWS`` (1-4) rows of x, over its slice of K.
@@ -240,7 +247,12 @@ def _quantized_gemv_kernel(
     ``NUM_STAGES``: Triton pipelines loads that feed no ``tl.dot`` only when asked, so the next tiles' bytes are
     in flight while one is unpacked. ``EVEN``: N and every K slice are whole tiles, so the loads need no mask.
     ``DEFER_SUM``: products accumulate elementwise and are summed across K once at the end, instead of a
-    cross-thread reduction in every step."""
+    cross-thread reduction in every step.
+
+    ``SPLIT`` (K in slices, ``program_id(1)``): each program writes its float32 sums to its slice of ``part_ptr``
+    (``[slices, ROWS, N]``) and counts itself done on its row block's counter (``count_ptr``, zero between
+    launches); the program that counts last adds the slices in slice order, stores the output and sets the
+    counter back to zero. No zeroed output, no cast afterwards, and the same sum whichever program finishes."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -333,13 +345,39 @@ def _quantized_gemv_kernel(
     else:  # int8: one scale per row of W
         row_scale = tl.load(s_ptr + cols, mask=col_ok, other=0.0)
     SCALE: tl.constexpr = not INT4 or UNPACK == SUBNORMAL
-    _finish_row(acc0, out_ptr, cols, col_ok, row_scale, DEFER_SUM, ATOMIC, SCALE)
+    acc0 = _row_sums(acc0, row_scale, DEFER_SUM, SCALE)
     if ROWS > 1:
-        _finish_row(acc1, out_ptr + stride_om, cols, col_ok, row_scale, DEFER_SUM, ATOMIC, SCALE)
+        acc1 = _row_sums(acc1, row_scale, DEFER_SUM, SCALE)
     if ROWS > 2:
-        _finish_row(acc2, out_ptr + 2 * stride_om, cols, col_ok, row_scale, DEFER_SUM, ATOMIC, SCALE)
+        acc2 = _row_sums(acc2, row_scale, DEFER_SUM, SCALE)
     if ROWS > 3:
-        _finish_row(acc3, out_ptr + 3 * stride_om, cols, col_ok, row_scale, DEFER_SUM, ATOMIC, SCALE)
+        acc3 = _row_sums(acc3, row_scale, DEFER_SUM, SCALE)
+    if SPLIT:
+        num_slices = tl.num_programs(1)
+        part = part_ptr + pid_k * ROWS * N  # this slice's [ROWS, N] of float32 sums
+        tl.store(part + cols, acc0, mask=col_ok)
+        if ROWS > 1:
+            tl.store(part + N + cols, acc1, mask=col_ok)
+        if ROWS > 2:
+            tl.store(part + 2 * N + cols, acc2, mask=col_ok)
+        if ROWS > 3:
+            tl.store(part + 3 * N + cols, acc3, mask=col_ok)
+        # Every thread's sums are written before the program counts itself done (the barrier), and the count is
+        # an acquire-release atomic: the program that counts last sees every slice's sums.
+        tl.debug_barrier()
+        done_before = tl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel")
+        if done_before == num_slices - 1:
+            for r in tl.static_range(ROWS):
+                _add_slices(part_ptr + r * N, out_ptr + r * stride_om, cols, col_ok, num_slices, ROWS * N)
+            tl.atomic_xchg(count_ptr + pid_n, 0, sem="relaxed")  # ready for the next launch (or graph replay)
+    else:
+        tl.store(out_ptr + cols, acc0.to(out_ptr.dtype.element_ty), mask=col_ok)
+        if ROWS > 1:
+            tl.store(out_ptr + stride_om + cols, acc1.to(out_ptr.dtype.element_ty), mask=col_ok)
+        if ROWS > 2:
+            tl.store(out_ptr + 2 * stride_om + cols, acc2.to(out_ptr.dtype.element_ty), mask=col_ok)
+        if ROWS > 3:
+            tl.store(out_ptr + 3 * stride_om + cols, acc3.to(out_ptr.dtype.element_ty), mask=col_ok)
 
 
 @device_kernel
@@ -547,8 +585,12 @@ def _gemv(x, qweight, scales, m, n, k, int4, config, split_k) -> torch.Tensor:
                                 config, split_k) for i in range(0, m, GEMV_MAX_ROWS)])
     k_per_split = -(-k // (split_k * config.block_k)) * config.block_k
     split_k = -(-k // k_per_split)  # slices that hold at least one step of K
-    atomic = split_k > 1
-    out = torch.zeros((m, n), dtype=torch.float32, device=x.device) if atomic else x.new_empty((m, n))
+    out = x.new_empty((m, n))
+    if split_k > 1:  # each slice's float32 sums, and a counter per row block (see the kernel's docstring)
+        partial_sums = torch.empty((split_k, m, n), dtype=torch.float32, device=x.device)
+        counters = _split_counters(x.device, triton.cdiv(n, config.block_n))
+    else:
+        partial_sums = counters = out  # not read
     even = n % config.block_n == 0 and k % config.block_k == 0 and k_per_split % config.block_k == 0
     words = int4 and config.unpack == "subnormal"
     if words:  # the kernel reads int4 as int32 words of 8 nibbles (rows of K // 2 bytes: whole words)
@@ -556,14 +598,31 @@ def _gemv(x, qweight, scales, m, n, k, int4, config, split_k) -> torch.Tensor:
     width = GROUP_SIZE // 8 if words else GROUP_SIZE // 2 if int4 else config.block_k  # elements a row load reads
     per_thread = m * config.block_n * width // (32 * config.num_warps)  # the deferred sums' registers
     _quantized_gemv_kernel[(triton.cdiv(n, config.block_n), split_k)](
-        x, qweight, scales, out, n, k, k_per_split,
+        x, qweight, scales, out, partial_sums, counters, n, k, k_per_split,
         x.stride(0), qweight.stride(0), scales.stride(0), out.stride(0),
         INT4=int4, ROWS=m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP=GROUP_SIZE,
-        UNPACK=UNPACK_MODES.index(config.unpack), ATOMIC=atomic, EVEN=even,
+        UNPACK=UNPACK_MODES.index(config.unpack), SPLIT=split_k > 1, EVEN=even,
         DEFER_SUM=config.defer_sum and per_thread <= MAX_DEFERRED_PER_THREAD,
         NUM_STAGES=config.num_stages, TILED=qweight.dim() == 4, num_warps=config.num_warps,
     )
-    return out.to(x.dtype) if atomic else out
+    return out
+
+
+_COUNTERS: dict[tuple, torch.Tensor] = {}
+MIN_COUNTERS = 1 << 14  # row blocks one split launch may have before its device's counters are reallocated
+
+
+def _split_counters(device: torch.device, row_blocks: int) -> torch.Tensor:
+    """A device's split-K counters (int32, zero between launches: the finishing program of each row block sets
+    its counter back). Kept across launches and shared by them, so a captured CUDA graph needs no fill before
+    each matmul; one set per CUDA stream, since launches on one stream never overlap."""
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else None
+    key = (device, stream)
+    counters = _COUNTERS.get(key)
+    if counters is None or counters.numel() < row_blocks:
+        counters = torch.zeros(max(row_blocks, MIN_COUNTERS), dtype=torch.int32, device=device)
+        _COUNTERS[key] = counters
+    return counters
 
 
 def _dot_fp32(x: torch.Tensor) -> bool:
