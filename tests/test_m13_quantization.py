@@ -124,20 +124,17 @@ def test_regimes_and_split_k_for_qwen3_8b_shapes():
     assert [regime(m) for m in (1, 2, 3, 32, 33, 512, 513)] == ["gemv", "gemv", "small", "small", "large", "large",
                                                                 "prefill"]  # the tensor cores from 3 rows
     assert choose_launch("int4", 4, 4096, 4096, 132)[0] == LAUNCH_TABLE["int4"]["small"]
-    words, long_rows = LAUNCH_TABLE["int4"]["gemv"], LAUNCH_TABLE["int4"]["gemv long rows"]
-    assert (words.unpack, words.num_warps, words.block_n, long_rows.unpack, long_rows.block_n) == (
-        "subnormal", 1, 32, "subnormal", 32)
+    words = LAUNCH_TABLE["int4"]["gemv"]
+    assert (words.unpack, words.num_warps, words.block_n, words.min_programs_per_sm) == ("subnormal", 1, 32, 3)
     chosen = {}
     for n, k in ((6144, 4096), (4096, 4096), (24576, 4096), (4096, 12288), (151936, 4096)):
         config, split = choose_launch("int4", 1, n, k, 132)
-        assert config.unpack == "subnormal" and config.num_warps == 1
-        chosen[n, k] = (config.block_n, split)
-    # 2 programs per SM: 32 rows where N allows (gate_up, the LM head), 16 for q/k/v (384 programs), 8 for o_proj
-    # (512 programs); down_proj's long rows in 32 with K in 4 slices (128 x 4 programs)
-    assert chosen == {(6144, 4096): (16, 1), (4096, 4096): (8, 1), (24576, 4096): (32, 1), (4096, 12288): (32, 4),
-                      (151936, 4096): (32, 1)}
-    config, split = choose_launch("int4", 1, 1024, 2048, 132)  # Qwen3-0.6B's o_proj: 64 programs of 16 rows
-    assert (config.block_n, split) == (8, 2)  # 128 programs of 8 rows, K in 2 slices: 256 programs
+        assert config == words
+        chosen[n, k] = split
+    # 3 programs of 32 rows per SM: q/k/v (192 programs) in 3 slices of K, o_proj and down_proj (128) in 4
+    assert chosen == {(6144, 4096): 3, (4096, 4096): 4, (24576, 4096): 1, (4096, 12288): 4, (151936, 4096): 1}
+    assert choose_launch("int4", 1, 1024, 2048, 132)[1] == 8  # Qwen3-0.6B's o_proj: 32 programs, K in 8 slices
+    words = replace(words, min_programs_per_sm=1)
     assert choose_split_k(1, 512, 8192, 132, words) == 9  # 16 programs: K cut in 9, 144 programs
     assert choose_split_k(1, 256, 8192, 132, words) == 16  # 8 programs: K cut in 16 (the most)
     assert choose_split_k(1, 256, 1024, 132, words) == 4  # ...but never into slices shorter than block_k
@@ -194,7 +191,7 @@ def test_quantized_matmul_matches_the_reference(method, config, m, dtype, n, k):
                               method)
 
 
-TILED_CASES = [(LAUNCH_TABLE["int4"]["gemv"], 1), (LAUNCH_TABLE["int4"]["gemv long rows"], 3),
+TILED_CASES = [(LAUNCH_TABLE["int4"]["gemv"], 1), (LAUNCH_TABLE["int4"]["gemv"], 3),
                (CANDIDATES["gemv"]["n16-k256-w4-s4 magic"], 2), (LAUNCH_TABLE["int4"]["small"], 5),
                (LAUNCH_TABLE["int4"]["large"], 37), (CANDIDATES["large"]["dequant + cuBLAS"], 9)]
 

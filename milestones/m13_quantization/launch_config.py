@@ -27,7 +27,7 @@ favour, ready to paste below. No triton import here: the tests check this arithm
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 KERNELS = ("gemv", "dot", "dequant")
 UNPACK_MODES = ("convert", "magic", "subnormal")  # gemv: nibbles to floats (QuantMatmulConfig)
@@ -35,9 +35,7 @@ GEMV_MAX_M = 2  # rows of x up to which both methods run the gemv regime
 SMALL_MAX_M = 32
 LARGE_MAX_M = 512
 MAX_SPLIT_K = 16
-GEMV_PROGRAMS_PER_SM = 2  # gemv: programs the table's launch aims for per SM (each has 3-4 tiles in flight)...
-GEMV_MIN_BLOCK_N = 8  # ...halving block_n down to this many rows of W per program, or...
-GEMV_LONG_ROWS_K = 8192  # ...for rows at least this long, int4's "gemv long rows": K cut into slices
+
 
 
 @dataclass(frozen=True)
@@ -94,13 +92,12 @@ def regime(m: int) -> str:
 
 # One configuration per method and regime. gemv: measured on the H200 at Qwen3-8B's five shapes, batch 1. int8
 # (quant_bench --gemv-grid at 0c790fd, results/h200/quant_bench+gemv-grid.json): 8 rows x 512 inputs a step, 2 warps,
-# 4 stages deep. int4 on tiles (results/h200/int4_tiles_grid.json): the words kernel with one warp of 32 rows,
-# 3 stages deep (16 or 8 rows where N gives fewer programs, gemv_for_shape); down_proj's long rows with 32 rows a
-# program and K in slices. The other regimes, from the full quant_bench (results/h200/quant_bench.json, batch 4 to
+# 4 stages deep. int4 on tiles: the words kernel with one warp of 32 rows, 3 stages deep
+# (results/h200/int4_tiles_grid.json), and K cut into slices where N gives fewer than 3 such programs per SM
+# (results/h200/int4_split_finish.json, rows per program x slices at each shape: q/k/v 9.2 us in 32 rows x 2-4
+# slices against 10.7 in 384 programs of 16 rows, o_proj 7.1 in 32 x 4 against 8.5 in 512 of 8, down_proj 12.8 in
+# 32 x 4). The other regimes, from the full quant_bench (results/h200/quant_bench.json, batch 4 to
 # 2,048): 16 rows x 32 outputs x 256 inputs on the tensor cores at 3-32 rows (int4 at batch 16: 3.67 ms a step's
-# matmuls, the config before 4.61, bf16 4.22), and from 33 rows the dequant path (at 256 rows 13.6 ms against the
-# best tl.dot's 15.9; at 2,048, 55 against 102). Compiled for sm_90 (tests/compile_m13_for_gpu.py --registers),
-# nothing spills.
 SMALL = QuantMatmulConfig("dot", block_m=16, block_n=32, block_k=256, num_warps=4, num_stages=4)
 DEQUANT = QuantMatmulConfig("dequant", block_n=64, block_k=256, num_warps=4, num_stages=2)
 LAUNCH_TABLE: dict[str, dict[str, QuantMatmulConfig]] = {
@@ -111,9 +108,8 @@ LAUNCH_TABLE: dict[str, dict[str, QuantMatmulConfig]] = {
         "prefill": DEQUANT,
     },
     "int4": {
-        "gemv": QuantMatmulConfig("gemv", block_n=32, block_k=256, num_warps=1, num_stages=3),
-        "gemv long rows": QuantMatmulConfig("gemv", block_n=32, block_k=256, num_warps=1, num_stages=3,
-                                            min_programs_per_sm=3),
+        "gemv": QuantMatmulConfig("gemv", block_n=32, block_k=256, num_warps=1, num_stages=3,
+                                  min_programs_per_sm=3),
         "small": SMALL,
         "large": DEQUANT,
         "prefill": DEQUANT,
@@ -173,9 +169,11 @@ def fits_method(config: QuantMatmulConfig, method: str) -> bool:
 def choose_split_k(m: int, n: int, k: int, num_sms: int, config: QuantMatmulConfig) -> int:
     """``gemv``: slices of K, so that ``cdiv(N, block_n) * split_k`` reaches ``min_programs_per_sm`` per SM.
 
-    Qwen3-8B on an H200 (132 SMs, block_n 16): o_proj and down_proj (N = 4,096) have 256 programs, qkv 384,
-    gate_up 1,536, the LM head 9,496: no split at one program per SM. Each split adds two small launches (the
-    float32 accumulator is zeroed, then cast), so a split must buy more than ~5 us.
+    int4's words kernel runs one warp of 32 rows per program, and a warp that streams needs company on its SM to
+    keep enough loads in flight. Qwen3-8B on an H200 (132 SMs): q/k/v has 192 such programs, o_proj and down_proj
+    128, gate_up 768, the LM head 4,748; at 3 per SM, q/k/v is cut into 3 slices, o_proj and down_proj into 4.
+    A split costs a float32 write of each slice's sums and, per row block, one program that adds them (the
+    kernel's ``SPLIT``): no launch of its own.
     """
     if config.kernel != "gemv":
         return 1
@@ -184,31 +182,8 @@ def choose_split_k(m: int, n: int, k: int, num_sms: int, config: QuantMatmulConf
     return max(1, min(wanted, k // config.block_k, MAX_SPLIT_K))
 
 
-def gemv_for_shape(config: QuantMatmulConfig, n: int, k: int, num_sms: int,
-                   long_rows: QuantMatmulConfig | None = None) -> QuantMatmulConfig:
-    """``gemv`` fitted to the shape, so that every SM has ``GEMV_PROGRAMS_PER_SM`` programs' loads in flight.
-
-    int4's words kernel runs one warp per program: a layer with N = 4,096 at 16 rows a program gives 256 programs
-    for 132 SMs, too few loads in flight to stream. Long rows (K >= ``GEMV_LONG_ROWS_K``: down_proj) take
-    ``long_rows``: more rows per program, with K cut into slices (``choose_split_k``), so each input a program
-    loads and unpacks serves more rows. Shorter rows (o_proj) get fewer rows per program instead: a split adds two
-    launches (the float32 output zeroed, then cast), which a short matmul does not earn back. On the H200
-    (results/h200/int4_gemv_grid.json, batch 1): down_proj 15.9 us split against 19.2 us in rows of 8, o_proj
-    7.9 us in rows of 8 against 9.1 us split. Qwen3-0.6B's o_proj (N = 1,024) gets 128 programs of 8 rows.
-    """
-    if long_rows is not None and k >= GEMV_LONG_ROWS_K and -(-n // config.block_n) < GEMV_PROGRAMS_PER_SM * num_sms:
-        return long_rows
-    block_n = config.block_n
-    while block_n > GEMV_MIN_BLOCK_N and -(-n // block_n) < GEMV_PROGRAMS_PER_SM * num_sms:
-        block_n //= 2
-    return config if block_n == config.block_n else replace(config, block_n=block_n)
-
-
 def choose_launch(method: str, m: int, n: int, k: int, num_sms: int,
                   table: dict[str, dict[str, QuantMatmulConfig]] = LAUNCH_TABLE) -> tuple[QuantMatmulConfig, int]:
-    """``(config, split_k)`` of one launch: the table's entry for ``M``'s regime (``gemv``: its ``block_n``
-    fitted to N by ``gemv_for_shape``)."""
+    """``(config, split_k)`` of one launch: the table's entry for ``M``'s regime, and its slices of K."""
     config = table[method][regime(m)]
-    if config.kernel == "gemv":
-        config = gemv_for_shape(config, n, k, num_sms, table[method].get("gemv long rows"))
     return config, choose_split_k(m, n, k, num_sms, config)
