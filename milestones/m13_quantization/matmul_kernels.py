@@ -662,6 +662,8 @@ def _gemv(x, qweight, scales, m, n, k, int4, config, split_k) -> torch.Tensor:
     words = int4 and config.unpack == "subnormal"
     if words:  # the kernel reads int4 as int32 words of 8 nibbles (rows of K // 2 bytes: whole words)
         qweight = qweight.view(torch.int32)
+        if x.dtype == torch.bfloat16 and (x.data_ptr() % 4 or x.stride(0) % 2):
+            x = x.contiguous().clone()  # it reads bfloat16 inputs in int32 pairs: they must start on 4 bytes
     width = GROUP_SIZE // 8 if words else GROUP_SIZE // 2 if int4 else config.block_k  # elements a row load reads
     per_thread = m * config.block_n * width // (32 * config.num_warps)  # the deferred sums' registers
     _quantized_gemv_kernel[(triton.cdiv(n, config.block_n), split_k)](

@@ -1,0 +1,687 @@
+"""Quantized matmuls in Triton: ``out = x @ dequantize(W)^T`` with the weight widened in registers, never in memory.
+
+``x`` is ``[M, K]`` (bfloat16, float16 or float32 activations), ``W`` is ``[N, K]`` stored as int8 with one scale
+per row, or as int4 nibbles with one scale per row and 128-input group (``quantize.py`` has the formats). Each
+kernel reads every weight byte once from memory, turns it into a float in registers and multiplies it there:
+the bytes read per step shrink 2x (int8) or ~3.8x (int4) against bf16, the arithmetic does not.
+
+**gemv** (decode at batch 1-2, ``_quantized_gemv_kernel``): one program per ``BLOCK_N`` output
+rows (and per slice of K if N alone gives too few programs: split-K, the slices' sums added by whichever
+program finishes last, in slice order). Each
+loop step loads a ``[BLOCK_N, BLOCK_K]`` tile of weight bytes (int4: one ``[BLOCK_N, 64]`` tile per 128-input group;
+contiguous along K, so 16-byte loads), unpacks it, and multiply-adds it with each of the ``M`` rows of ``x`` on the
+CUDA cores, every tensor kept in the tile's own two-dimensional layout (no shared-memory shuffles), the next tiles'
+loads in flight meanwhile (``tl.range``'s pipelining)::
+
+    int8:  w = float(q)                                   acc[m, n] += sum_k x[m, k] * w[n, k]
+    int4:  lo = float(b & 15) - 8, hi = float(b >> 4) - 8  (b: the bytes of one 128-input group, [BLOCK_N, 64])
+           acc[m, n] += scale[n, g] * (sum_j x[m, 128g + j] * lo[n, j] + x[m, 128g + 64 + j] * hi[n, j])
+
+int4 may be stored in packed rows or in tiles (``quantize.tile_int4``: each group of 16 rows one contiguous KiB);
+``_int4_rows`` turns either into the tile's addresses, so each step of a program reads whole KiBs from tiles.
+
+Streaming 4 TB/s of int4 means unpacking ~8 trillion weights per second, so the unpacking must be cheap (an H200
+issues about 33 thousand billion thread-instructions a second: 4.2 TB/s allows 8 a byte). Three ways to turn a
+nibble ``u`` into a float, ``QuantMatmulConfig.unpack``:
+
+    convert    float(u) - 8: an int-to-float conversion, a quarter of an add's rate or less.
+    magic      bits(2^23) | u is the float 2^23 + u, so float(u) = (bits | u) - 2^23: an OR and a subtraction.
+    subnormal  no conversion at all. Any bit pattern below 2^24, read as a float32, is that integer times
+               2^-149 (the subnormals and the first binade of normal floats share one step). So the weights are
+               read as int32 words of 8 nibbles, and nibble p of a word, masked in place (``w & (15 << 4p)``,
+               one AND), is the float u * 2^(4p - 149). The input it multiplies is scaled up by 2^(149 - 4p - 85)
+               instead, once per input rather than once per weight, so that every product is u * x * 2^-85, a
+               normal float; the row's sum is scaled back by 2^85 at the end (powers of two: exact). The -8 comes
+               off once per word: sum((u - 8) x) = sum(u x) - 8 sum(x). About two instructions a weight, against
+               about nine for ``magic`` in this kernel's byte layout (counted in the sm_90 assembly), where each
+               thread also widened two inputs per byte it read.
+
+int8 keeps ``magic`` (``u = q ^ 0x80`` is ``q + 128``): its GEMV reads twice the bytes per weight, and reached
+its target without more.
+
+The words kernel's whole loop (loads and addresses included) issues 7-9.5 instructions a byte, and it is not
+waiting on them: on the H200 a variant with 25-35% fewer streamed no faster, while tiles cut its long matmuls' time
+by 5% at the same launch and 22% with wider programs (``docs/m13-quantization.md``, "Two guesses tested").
+
+**dot** (batch 3-32 in ``LAUNCH_TABLE``, ``_quantized_dot_kernel``): the classic tiled matmul
+(``BLOCK_M`` rows of x by ``BLOCK_N`` rows of W, grouped so that tiles reuse W from L2), whose W tile is unpacked to
+the activations' dtype and fed to ``tl.dot`` on the tensor cores. int8: the integers (exact in bf16) go into the dot
+and each column's scale multiplies the float32 result at the end. int4: each group's scale is multiplied into the
+unpacked tile before its dot (a bf16 rounding of 1/256, beside the format's own step of 1/14 of the range), so every
+dot accumulates into one float32 tile; a separate product per group would double the registers the tile needs.
+
+**dequant** (from 33 rows in ``LAUNCH_TABLE``, ``_dequantize_kernel``): unpack a slice of W's rows into a bf16
+scratch and call ``F.linear`` (cuBLAS) on it, slice after slice; at thousands of rows the product dwarfs the unpacking.
+
+Everything here decides from shapes and Python ints only (no tensor values), so the launches can be captured in
+m10's CUDA graphs. On CPU tensors the kernels run in Triton's interpreter (m08's ``device_kernel``).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+import triton
+import triton.language as tl
+
+from milestones.m08_triton_kernel.device_kernel import device_kernel, runs_interpreted
+from milestones.m08_triton_kernel.launch_config import sm_count
+
+from milestones.m13_quantization.launch_config import UNPACK_MODES, QuantMatmulConfig, choose_launch, choose_split_k, fits_method
+from milestones.m13_quantization.quantize import GROUP_SIZE, QUANTIZATION_METHODS, TILE_ROWS, untile_int4
+
+ACTIVATION_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+DEQUANT_SCRATCH_BYTES = 64 * 2**20  # the dequant path unpacks at most this many bytes of W at a time
+MAX_SPLIT_K = 64  # slices of K a caller may ask for (the heuristic stays at launch_config.MAX_SPLIT_K)
+MAX_DEFERRED_PER_THREAD = 64  # gemv: float32 partial sums a thread may carry across the loop (DEFER_SUM)
+GEMV_MAX_ROWS = 4  # gemv: rows of x per launch (one accumulator each)
+
+
+CONVERT = tl.constexpr(0)  # the kernels' numbering of launch_config.UNPACK_MODES
+MAGIC = tl.constexpr(1)
+SUBNORMAL = tl.constexpr(2)
+# SUBNORMAL's units: a nibble or byte u read as float bits is u * 2^-149; x is scaled up by 2^64 so that the
+# products (u * x * 2^-85) stay normal floats; the row's sum is scaled back by 2^85 at the end (powers of two:
+# exact). |x| < 2^64 is all it asks of the activations; of the arithmetic, that subnormals are kept, not flushed
+# to zero: Triton's float32 default on NVIDIA GPUs (no .ftz), and numpy's in the interpreter. The tests on CUDA
+# compare against the float reference, so a flushing build would fail them.
+TILE = tl.constexpr(TILE_ROWS)  # int4 in tiles: rows per tile (quantize.tile_int4)
+X_UP = tl.constexpr(18446744073709551616.0)  # 2^64
+NIBBLE_OFFSET = tl.constexpr(-2.0679515313825692e-25)  # -8 * 2^-85: a nibble's -8, in the products' units
+UNIT_DOWN = tl.constexpr(3.8685626227668134e25)  # 2^85
+
+
+@triton.jit
+def _unpack_int4(b, UNPACK: tl.constexpr):
+    """Bytes (int32 in 0..255) -> the signed values of their low and high nibbles, as float32 (-8..7)."""
+    if UNPACK == CONVERT:
+        lo = (b & 0xF).to(tl.float32) - 8.0
+        hi = (b >> 4).to(tl.float32) - 8.0
+    else:
+        lo = ((b & 0xF) | 0x4B000000).to(tl.float32, bitcast=True) - (8388608.0 + 8.0)
+        hi = ((b >> 4) | 0x4B000000).to(tl.float32, bitcast=True) - (8388608.0 + 8.0)
+    return lo, hi
+
+
+@triton.jit
+def _nibble_in_place(words, P: tl.constexpr):
+    """Nibble ``P`` (0..7, from the low bits up) of each int32 word as a float32 with its bits left in place:
+    ``u * 2^(4P - 149)``. Any bit pattern below 2^24 is that integer times 2^-149 (the subnormals and the first
+    binade of normal floats share one step), so nibbles 0-5 need only a mask; 6 and 7 are shifted down first."""
+    if P < 6:
+        f = (words & (0xF << (4 * P))).to(tl.float32, bitcast=True)
+    else:
+        f = ((words >> (4 * P)) & 0xF).to(tl.float32, bitcast=True)
+    return f
+
+
+@triton.jit
+def _scaled_for_nibble(x, P: tl.constexpr):
+    """x in the units that make ``_nibble_in_place(words, P) * x`` equal ``u * x * 2^-85``."""
+    if P < 6:
+        x = x * (X_UP / (1 << (4 * P)))
+    else:
+        x = x * X_UP
+    return x
+
+
+@triton.jit
+def _by_byte(x, WORDS: tl.constexpr):
+    """64 contiguous inputs (one contiguous load) -> 4 vectors of ``WORDS``: those of byte 0, 1, 2 and 3 of each
+    word (inputs ``4w + b``)."""
+    pairs_a, pairs_b = tl.split(tl.reshape(x, [WORDS, 2, 2]))  # [w, b // 2] for b even, and for b odd
+    b0, b2 = tl.split(pairs_a)
+    b1, b3 = tl.split(pairs_b)
+    return b0, b1, b2, b3
+
+
+@triton.jit
+def _int4_group_subnormal(words, x_group_ptr, group_ok, HALF: tl.constexpr, WORDS: tl.constexpr):
+    """One row of x times one 128-input group held as ``[BLOCK_N, 16]`` int32 words (8 nibbles each), in units
+    of 2^-85. Byte ``b`` of word ``w`` holds inputs ``4w + b`` (low nibble) and ``64 + 4w + b`` (high), so
+    nibble ``p`` multiplies input ``4w + p // 2 + 64 * (p % 2)``, scaled up by 2^64 over the nibble's own
+    2^(4p) (``_nibble_in_place``). ``sum((u - 8) x) = sum(u x) - 8 sum(x)``: the 8s come off once per word.
+    Eight fused multiply-adds and about nine integer operations a word: about two instructions a weight."""
+    x_lo = _by_byte(_load_x(x_group_ptr + tl.arange(0, HALF), group_ok), WORDS)  # inputs 4w + b, b = 0..3
+    x_hi = _by_byte(_load_x(x_group_ptr + HALF + tl.arange(0, HALF), group_ok), WORDS)  # inputs 64 + 4w + b
+    x_sum = x_lo[0] + x_hi[0] + x_lo[1] + x_hi[1] + x_lo[2] + x_hi[2] + x_lo[3] + x_hi[3]
+    part = tl.zeros(words.shape, tl.float32)
+    for p in tl.static_range(8):
+        x = x_hi[p // 2] if p % 2 else x_lo[p // 2]
+        part = part + _nibble_in_place(words, p) * _scaled_for_nibble(x, p)[None, :]
+    return part + (x_sum * NIBBLE_OFFSET)[None, :]
+
+
+@triton.jit
+def _int4_rows(w_ptr, cols, stride_wn, K, TILED: tl.constexpr, WIDTH: tl.constexpr, GROUP: tl.constexpr):
+    """Pointers to the first unit (byte, or int32 word) of each row's group 0, ``[BLOCK_N, 1]``, and the distance
+    from one group of a row to the next, in units. Rows: ``[N, K // 2]``. Tiles (``quantize.tile_int4``):
+    ``[N // 16, K // 128, 16, WIDTH]``, so a group of 16 rows is one contiguous KiB."""
+    if TILED:
+        rows = w_ptr + ((cols // TILE) * (K // GROUP) * (TILE * WIDTH) + (cols % TILE) * WIDTH)[:, None]
+        group_stride = TILE * WIDTH
+    else:
+        rows = w_ptr + cols[:, None] * stride_wn
+        group_stride = WIDTH
+    return rows, group_stride
+
+
+@triton.jit
+def _int8_to_float(q, UNPACK: tl.constexpr):
+    """int8 -> float32: ``q``, or, ``MAGIC``, ``u = q + 128`` (0..255) written into the mantissa of 2^23, minus
+    2^23 + 128 (``SUBNORMAL`` is treated as ``MAGIC`` here: int8's GEMV is not limited by its instructions)."""
+    if UNPACK == CONVERT:
+        w = q.to(tl.float32)
+    else:
+        u = (q.to(tl.int32) & 0xFF) ^ 0x80
+        w = (u | 0x4B000000).to(tl.float32, bitcast=True) - (8388608.0 + 128.0)
+    return w
+
+
+@triton.jit
+def _int4_products(lo, hi, x_lo_ptr, x_ok, HALF: tl.constexpr, scale):
+    """One row of x times one 128-input group of unpacked nibbles (``[BLOCK_N, 64]`` bytes' low and high
+    halves: inputs ``j`` and ``64 + j``), times the group's scale."""
+    xl = _load_x(x_lo_ptr, x_ok)
+    xh = _load_x(x_lo_ptr + HALF, x_ok)
+    return (lo * xl[None, :] + hi * xh[None, :]) * scale[:, None]
+
+
+@triton.jit
+def _load_x(ptrs, mask):
+    """A vector of x as float32; ``mask`` None: whole tiles, no mask (so the loads can be vectors)."""
+    if mask is None:
+        x = tl.load(ptrs)
+    else:
+        x = tl.load(ptrs, mask=mask, other=0.0)
+    return x.to(tl.float32)
+
+
+@triton.jit
+def _fold(acc, products, DEFER_SUM: tl.constexpr):
+    """Add a step's ``[BLOCK_N, width]`` products: elementwise (summed across K once, after the loop) or summed
+    across the step's inputs now."""
+    if DEFER_SUM:
+        acc = acc + products
+    else:
+        acc = acc + tl.sum(products, axis=1)
+    return acc
+
+
+@triton.jit
+def _row_sums(acc, scale, DEFER_SUM: tl.constexpr, SCALE: tl.constexpr):
+    """A program's ``[BLOCK_N]`` sums for one row of x (its slice of K only, when K is split)."""
+    if DEFER_SUM:
+        acc = tl.sum(acc, axis=1)
+    if SCALE:
+        acc = acc * scale
+    return acc
+
+
+@triton.jit
+def _add_slices(part_ptr, out_ptr, cols, col_ok, num_slices, stride_part):
+    """The finishing program of a split: the slices' float32 sums of one row, added in slice order, then stored."""
+    total = tl.load(part_ptr + cols, mask=col_ok, other=0.0, cache_modifier=".cg")
+    for s in range(1, num_slices):
+        total += tl.load(part_ptr + s * stride_part + cols, mask=col_ok, other=0.0, cache_modifier=".cg")
+    tl.store(out_ptr + cols, total.to(out_ptr.dtype.element_ty), mask=col_ok)
+
+
+@device_kernel
+@triton.jit
+def _quantized_gemv_kernel(
+    x_ptr, w_ptr, s_ptr, out_ptr, part_ptr, count_ptr,
+    N, K, k_per_split,
+    stride_xm, stride_wn, stride_sn, stride_om,
+    INT4: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP: tl.constexpr, UNPACK: tl.constexpr, SPLIT: tl.constexpr, EVEN: tl.constexpr, DEFER_SUM: tl.constexpr,
+    NUM_STAGES: tl.constexpr, TILED: tl.constexpr,
+):
+    """One program: output rows [pid_n * BLOCK_N, +BLOCK_N) for the ``ROWS`` (1-4) rows of x, over its slice of K.
+
+    Every tensor in the loop is two-dimensional in the layout of the weight tile it loads (``[BLOCK_N, width]``,
+    contiguous along K): x's rows are 1-D vectors broadcast along N, and each row of x has its own accumulator
+    (``acc0`` .. ``acc3``, those past ``ROWS`` never built). A 3-D ``[rows, N, K]`` product would need the tile in
+    another layout, a round trip through shared memory every step. The loop is a ``tl.range`` with
+    ``NUM_STAGES``: Triton pipelines loads that feed no ``tl.dot`` only when asked, so the next tiles' bytes are
+    in flight while one is unpacked. ``EVEN``: N and every K slice are whole tiles, so the loads need no mask.
+    ``DEFER_SUM``: products accumulate elementwise and are summed across K once at the end, instead of a
+    cross-thread reduction in every step.
+
+    ``SPLIT`` (K in slices, ``program_id(1)``): each program writes its float32 sums to its slice of ``part_ptr``
+    (``[slices, ROWS, N]``) and counts itself done on its row block's counter (``count_ptr``, zero between
+    launches); the program that counts last adds the slices in slice order, stores the output and sets the
+    counter back to zero. No zeroed output, no cast afterwards, and the same sum whichever program finishes."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = cols < N
+    k_start = pid_k * k_per_split
+    k_end = tl.minimum(k_start + k_per_split, K)
+    WORDS: tl.constexpr = INT4 and UNPACK == SUBNORMAL  # int4 read as int32 words of 8 nibbles (w_ptr: int32)
+    # what one load reads of a weight row: int4 words of a group, int4 bytes of a group, or int8 bytes of a step
+    WIDTH: tl.constexpr = GROUP // 8 if WORDS else GROUP // 2 if INT4 else BLOCK_K
+    j = tl.arange(0, WIDTH)
+    if INT4:
+        w_rows, group_stride = _int4_rows(w_ptr, cols, stride_wn, K, TILED, WIDTH, GROUP)
+    else:
+        w_rows = w_ptr + cols[:, None] * stride_wn
+    if DEFER_SUM:
+        acc0 = tl.zeros([BLOCK_N, WIDTH], tl.float32)
+    else:
+        acc0 = tl.zeros([BLOCK_N], tl.float32)
+    acc1 = acc0
+    acc2 = acc0
+    acc3 = acc0
+    for k0 in tl.range(k_start, k_end, BLOCK_K, num_stages=NUM_STAGES):
+        k0 = tl.multiple_of(k0, BLOCK_K)  # k_per_split is whole steps: 16-byte loads need the compiler to know
+        if INT4:
+            HALF: tl.constexpr = GROUP // 2
+            for t in tl.static_range(BLOCK_K // GROUP):  # one 128-input group (64 bytes per row) at a time
+                kg = k0 + t * GROUP
+                kb = tl.multiple_of((kg // GROUP) * group_stride, WIDTH)  # the group's first byte (or word)
+                if EVEN:
+                    b = tl.load(w_rows + (kb + j)[None, :])  # [BLOCK_N, WIDTH]: bytes (uint8) or words (int32)
+                    scale = tl.load(s_ptr + cols * stride_sn + kg // GROUP)  # [BLOCK_N]
+                    x_ok = None
+                else:
+                    x_ok = kg + j < k_end  # K and k_end are whole groups: all true or all false
+                    b = tl.load(w_rows + (kb + j)[None, :], mask=col_ok[:, None] & x_ok[None, :], other=0)
+                    # a group past k_end has x = 0: any finite scale will do, read from a valid address
+                    scale = tl.load(s_ptr + cols * stride_sn + tl.minimum(kg, K - GROUP) // GROUP, mask=col_ok,
+                                    other=0.0)
+                if WORDS:
+                    x_group = x_ptr + kg
+                    if not EVEN:  # the whole group is in this slice of K, or none of it
+                        x_ok = kg + tl.arange(0, HALF) < k_end
+                    acc0 = _fold(acc0, _int4_group_subnormal(b, x_group, x_ok, HALF, WIDTH) * scale[:, None],
+                                 DEFER_SUM)
+                    if ROWS > 1:
+                        acc1 = _fold(acc1, _int4_group_subnormal(b, x_group + stride_xm, x_ok, HALF, WIDTH)
+                                     * scale[:, None], DEFER_SUM)
+                    if ROWS > 2:
+                        acc2 = _fold(acc2, _int4_group_subnormal(b, x_group + 2 * stride_xm, x_ok, HALF, WIDTH)
+                                     * scale[:, None], DEFER_SUM)
+                    if ROWS > 3:
+                        acc3 = _fold(acc3, _int4_group_subnormal(b, x_group + 3 * stride_xm, x_ok, HALF, WIDTH)
+                                     * scale[:, None], DEFER_SUM)
+                else:
+                    b = b.to(tl.int32)  # bytes 0..255
+                    lo, hi = _unpack_int4(b, UNPACK)  # [BLOCK_N, 64]: inputs kg + j and kg + 64 + j
+                    x_lo = x_ptr + kg + j
+                    acc0 = _fold(acc0, _int4_products(lo, hi, x_lo, x_ok, HALF, scale), DEFER_SUM)
+                    if ROWS > 1:
+                        acc1 = _fold(acc1, _int4_products(lo, hi, x_lo + stride_xm, x_ok, HALF, scale),
+                                     DEFER_SUM)
+                    if ROWS > 2:
+                        acc2 = _fold(acc2, _int4_products(lo, hi, x_lo + 2 * stride_xm, x_ok, HALF, scale),
+                                     DEFER_SUM)
+                    if ROWS > 3:
+                        acc3 = _fold(acc3, _int4_products(lo, hi, x_lo + 3 * stride_xm, x_ok, HALF, scale),
+                                     DEFER_SUM)
+        else:
+            ks = k0 + j
+            if EVEN:
+                q = tl.load(w_rows + ks[None, :])  # int8 [BLOCK_N, BLOCK_K]
+                x_ok = None
+            else:
+                x_ok = ks < k_end
+                q = tl.load(w_rows + ks[None, :], mask=col_ok[:, None] & x_ok[None, :], other=0)
+            w = _int8_to_float(q, UNPACK)
+            x_row = x_ptr + ks
+            acc0 = _fold(acc0, w * _load_x(x_row, x_ok).to(tl.float32)[None, :], DEFER_SUM)
+            if ROWS > 1:
+                x = _load_x(x_row + stride_xm, x_ok).to(tl.float32)
+                acc1 = _fold(acc1, w * x[None, :], DEFER_SUM)
+            if ROWS > 2:
+                x = _load_x(x_row + 2 * stride_xm, x_ok).to(tl.float32)
+                acc2 = _fold(acc2, w * x[None, :], DEFER_SUM)
+            if ROWS > 3:
+                x = _load_x(x_row + 3 * stride_xm, x_ok).to(tl.float32)
+                acc3 = _fold(acc3, w * x[None, :], DEFER_SUM)
+    if INT4:  # the groups' scales are in the sums already; SUBNORMAL's products are in units of 2^-85
+        row_scale = UNIT_DOWN if UNPACK == SUBNORMAL else 1.0
+    else:  # int8: one scale per row of W
+        row_scale = tl.load(s_ptr + cols, mask=col_ok, other=0.0)
+    SCALE: tl.constexpr = not INT4 or UNPACK == SUBNORMAL
+    acc0 = _row_sums(acc0, row_scale, DEFER_SUM, SCALE)
+    if ROWS > 1:
+        acc1 = _row_sums(acc1, row_scale, DEFER_SUM, SCALE)
+    if ROWS > 2:
+        acc2 = _row_sums(acc2, row_scale, DEFER_SUM, SCALE)
+    if ROWS > 3:
+        acc3 = _row_sums(acc3, row_scale, DEFER_SUM, SCALE)
+    if SPLIT:
+        num_slices = tl.num_programs(1)
+        part = part_ptr + pid_k * ROWS * N  # this slice's [ROWS, N] of float32 sums
+        tl.store(part + cols, acc0, mask=col_ok)
+        if ROWS > 1:
+            tl.store(part + N + cols, acc1, mask=col_ok)
+        if ROWS > 2:
+            tl.store(part + 2 * N + cols, acc2, mask=col_ok)
+        if ROWS > 3:
+            tl.store(part + 3 * N + cols, acc3, mask=col_ok)
+        # Every thread's sums are written before the program counts itself done (the barrier), and the count is
+        # an acquire-release atomic: the program that counts last sees every slice's sums.
+        tl.debug_barrier()
+        done_before = tl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel")
+        if done_before == num_slices - 1:
+            for r in tl.static_range(ROWS):
+                _add_slices(part_ptr + r * N, out_ptr + r * stride_om, cols, col_ok, num_slices, ROWS * N)
+            tl.atomic_xchg(count_ptr + pid_n, 0, sem="relaxed")  # ready for the next launch (or graph replay)
+    else:
+        tl.store(out_ptr + cols, acc0.to(out_ptr.dtype.element_ty), mask=col_ok)
+        if ROWS > 1:
+            tl.store(out_ptr + stride_om + cols, acc1.to(out_ptr.dtype.element_ty), mask=col_ok)
+        if ROWS > 2:
+            tl.store(out_ptr + 2 * stride_om + cols, acc2.to(out_ptr.dtype.element_ty), mask=col_ok)
+        if ROWS > 3:
+            tl.store(out_ptr + 3 * stride_om + cols, acc3.to(out_ptr.dtype.element_ty), mask=col_ok)
+
+
+@device_kernel
+@triton.jit
+def _quantized_dot_kernel(
+    x_ptr, w_ptr, s_ptr, out_ptr,
+    M, N, K,
+    stride_xm, stride_wn, stride_sn, stride_om,
+    INT4: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP: tl.constexpr, GROUP_M: tl.constexpr, DOT_FP32: tl.constexpr, IEEE: tl.constexpr, EVEN_K: tl.constexpr,
+    TILED: tl.constexpr,
+):
+    """One program: the ``[BLOCK_M, BLOCK_N]`` tile of the output; W's tile unpacked and fed to ``tl.dot``.
+    ``EVEN_K``: K is whole tiles, so int8's loads need no mask along K."""
+    pid = tl.program_id(0)
+    num_m = tl.cdiv(M, BLOCK_M)
+    num_n = tl.cdiv(N, BLOCK_N)
+    # Tiles in groups of GROUP_M row blocks, column after column: the GROUP_M programs that run together read
+    # the same W tile, so W comes from memory about once per group instead of once per row block.
+    per_group = GROUP_M * num_n
+    first_m = (pid // per_group) * GROUP_M
+    size_m = tl.minimum(num_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % per_group) % size_m
+    pid_n = (pid % per_group) // size_m
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_ok = rows < M
+    col_ok = cols < N
+    compute_dtype = tl.float32 if DOT_FP32 else x_ptr.dtype.element_ty
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    if INT4:
+        HALF: tl.constexpr = GROUP // 2
+        j = tl.arange(0, HALF)
+        w_rows, group_stride = _int4_rows(w_ptr, cols, stride_wn, K, TILED, HALF, GROUP)
+        for k0 in range(0, K, BLOCK_K):
+            for t in tl.static_range(BLOCK_K // GROUP):  # K is a multiple of GROUP, BLOCK_K of GROUP
+                kg = k0 + t * GROUP
+                kb = tl.multiple_of((kg // GROUP) * group_stride, HALF)  # the group's first byte
+                group_ok = (kg + j) < K  # [HALF]: all true or all false (whole groups)
+                b = tl.load(w_rows + (kb + j)[None, :],
+                            mask=col_ok[:, None] & group_ok[None, :], other=0).to(tl.int32)  # [BLOCK_N, HALF]
+                # a group past K (the last step of a K that BLOCK_K does not divide) has x = 0: any finite scale
+                # will do, read from a valid address
+                scale = tl.load(s_ptr + cols * stride_sn + tl.minimum(kg // GROUP, K // GROUP - 1), mask=col_ok,
+                                other=0.0)[:, None]
+                # the group's scale goes into the unpacked tile (one rounding to the dot's dtype), so the dots
+                # accumulate straight into acc: no second [BLOCK_M, BLOCK_N] accumulator to hold in registers
+                lo, hi = _unpack_int4(b, MAGIC)  # no int-to-float conversions (quarter rate): see the gemv
+                lo = (lo * scale).to(compute_dtype)
+                hi = (hi * scale).to(compute_dtype)
+                x_mask = row_ok[:, None] & group_ok[None, :]
+                x_lo = tl.load(x_ptr + rows[:, None] * stride_xm + (kg + j)[None, :], mask=x_mask,
+                               other=0.0).to(compute_dtype)
+                x_hi = tl.load(x_ptr + rows[:, None] * stride_xm + (kg + HALF + j)[None, :], mask=x_mask,
+                               other=0.0).to(compute_dtype)
+                if IEEE:
+                    acc = tl.dot(x_lo, tl.trans(lo), acc, input_precision="ieee")
+                    acc = tl.dot(x_hi, tl.trans(hi), acc, input_precision="ieee")
+                else:
+                    acc = tl.dot(x_lo, tl.trans(lo), acc)
+                    acc = tl.dot(x_hi, tl.trans(hi), acc)
+    else:
+        ks = tl.arange(0, BLOCK_K)
+        for k0 in range(0, K, BLOCK_K):
+            w_ptrs = w_ptr + cols[:, None] * stride_wn + (k0 + ks)[None, :]
+            x_ptrs = x_ptr + rows[:, None] * stride_xm + (k0 + ks)[None, :]
+            if EVEN_K:
+                q = tl.load(w_ptrs, mask=col_ok[:, None], other=0)
+                x = tl.load(x_ptrs, mask=row_ok[:, None], other=0.0).to(compute_dtype)
+            else:
+                k_ok = k0 + ks < K
+                q = tl.load(w_ptrs, mask=col_ok[:, None] & k_ok[None, :], other=0)
+                x = tl.load(x_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0).to(compute_dtype)
+            w = _int8_to_float(q, MAGIC).to(compute_dtype)  # -127..127: exact in bf16
+            if IEEE:
+                acc = tl.dot(x, tl.trans(w), acc, input_precision="ieee")
+            else:
+                acc = tl.dot(x, tl.trans(w), acc)
+        acc = acc * tl.load(s_ptr + cols, mask=col_ok, other=0.0)[None, :]
+    out = out_ptr + rows[:, None] * stride_om + cols[None, :]
+    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
+
+
+@device_kernel
+@triton.jit
+def _dequantize_kernel(
+    w_ptr, s_ptr, out_ptr, N, K, stride_wn, stride_sn, stride_on,
+    INT4: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP: tl.constexpr, TILED: tl.constexpr,
+):
+    """W's rows [pid_n * BLOCK_N, +BLOCK_N), inputs [pid_k * BLOCK_K, +BLOCK_K), written as floats."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = cols < N
+    if INT4:
+        HALF: tl.constexpr = GROUP // 2
+        GROUPS: tl.constexpr = BLOCK_K // GROUP
+        g = pid_k * GROUPS + tl.arange(0, GROUPS)
+        j = tl.arange(0, HALF)
+        scale_mask = col_ok[:, None] & (g * GROUP < K)[None, :]  # [BLOCK_N, GROUPS]
+        mask = scale_mask[:, :, None] & (j < HALF)[None, None, :]
+        w_rows, group_stride = _int4_rows(w_ptr, cols, stride_wn, K, TILED, HALF, GROUP)
+        b = tl.load(w_rows[:, :, None] + (g[:, None] * group_stride + j[None, :])[None, :, :], mask=mask,
+                    other=0).to(tl.int32)
+        scale = tl.load(s_ptr + cols[:, None] * stride_sn + g[None, :], mask=scale_mask, other=0.0)
+        lo, hi = _unpack_int4(b, MAGIC)
+        k_lo = (g[:, None] * GROUP + j[None, :])[None, :, :]
+        out = out_ptr + cols[:, None, None] * stride_on + k_lo
+        tl.store(out, (lo * scale[:, :, None]).to(out_ptr.dtype.element_ty), mask=mask)
+        tl.store(out + HALF, (hi * scale[:, :, None]).to(out_ptr.dtype.element_ty), mask=mask)
+    else:
+        ks = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
+        mask = col_ok[:, None] & (ks < K)[None, :]
+        q = tl.load(w_ptr + cols[:, None] * stride_wn + ks[None, :], mask=mask, other=0)
+        scale = tl.load(s_ptr + cols, mask=col_ok, other=0.0)
+        tl.store(out_ptr + cols[:, None] * stride_on + ks[None, :],
+                 (q.to(tl.float32) * scale[:, None]).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+# --------------------------------------------------------------------------- the host side
+
+
+def _check(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, method: str) -> tuple[int, int, int]:
+    """Shapes, dtypes and devices (never values); returns (M, N, K). int4's qweight may be packed rows
+    ``[N, K // 2]`` or tiles ``[N // 16, K // 128, 16, 64]`` (``quantize.tile_int4``)."""
+    if method not in QUANTIZATION_METHODS:
+        raise ValueError(f"unknown quantization method {method!r}: use {' or '.join(QUANTIZATION_METHODS)}")
+    tiled = method == "int4" and qweight.dim() == 4
+    if x.dim() != 2 or (qweight.dim() != 2 and not tiled):
+        raise ValueError(f"x must be [M, K] and qweight [N, K] (int8), [N, K // 2] or [N // {TILE_ROWS}, K // "
+                         f"{GROUP_SIZE}, {TILE_ROWS}, {GROUP_SIZE // 2}] (int4); got x {tuple(x.shape)}, qweight "
+                         f"{tuple(qweight.shape)}")
+    m, k = x.shape
+    n = qweight.shape[0] * (TILE_ROWS if tiled else 1)
+    if x.dtype not in ACTIVATION_DTYPES:
+        raise ValueError(f"x must be float32, float16 or bfloat16, got {x.dtype}")
+    if method == "int8":
+        expected = ((n, k), torch.int8, (n,))
+    else:
+        if k % GROUP_SIZE:
+            raise ValueError(f"int4 needs K (the inputs, {k}) to be a multiple of its group size {GROUP_SIZE}")
+        shape = (n // TILE_ROWS, k // GROUP_SIZE, TILE_ROWS, GROUP_SIZE // 2) if tiled else (n, k // 2)
+        expected = (shape, torch.uint8, (n, k // GROUP_SIZE))
+    shape, dtype, scale_shape = expected
+    if tuple(qweight.shape) != shape or qweight.dtype != dtype:
+        raise ValueError(f"{method} qweight for x {tuple(x.shape)} must be {dtype} {shape}, got {qweight.dtype} "
+                         f"{tuple(qweight.shape)}")
+    if tuple(scales.shape) != scale_shape or scales.dtype != torch.float32:
+        raise ValueError(f"{method} scales must be float32 {scale_shape}, got {scales.dtype} {tuple(scales.shape)}")
+    contiguous = x.stride(-1) == 1 and qweight.stride(-1) == 1 and scales.stride(-1) == 1
+    if not contiguous or (tiled and not qweight.is_contiguous()):
+        raise ValueError("x, qweight and scales must be contiguous along their last dimension (int4 tiles: "
+                         "contiguous)")
+    if not (x.device == qweight.device == scales.device):
+        raise ValueError(f"all tensors must be on one device; got {x.device}, {qweight.device}, {scales.device}")
+    return m, n, k
+
+
+_CHECKED: dict[tuple, tuple[int, int, int]] = {}
+_MAX_LAYOUTS = 1024
+
+
+def _meta(t: torch.Tensor) -> tuple:
+    return t.shape, t.stride(), t.dtype, t.device
+
+
+def quantized_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, method: str, *,
+                     config: QuantMatmulConfig | None = None, split_k: int | None = None) -> torch.Tensor:
+    """``x [M, K] @ dequantize(qweight, scales)^T`` -> ``[M, N]`` in ``x``'s dtype.
+
+    ``config``: by default ``launch_config.LAUNCH_TABLE``'s entry for ``M``'s regime; ``split_k`` (gemv only)
+    overrides the heuristic's number of K slices.
+    """
+    key = (_meta(x), _meta(qweight), _meta(scales), method)
+    shape = _CHECKED.get(key)
+    if shape is None:  # first call with this layout: check it (every later layer of a step finds it here)
+        shape = _check(x, qweight, scales, method)
+        if len(_CHECKED) >= _MAX_LAYOUTS:
+            _CHECKED.clear()
+        _CHECKED[key] = shape
+    m, n, k = shape
+    num_sms = sm_count(x.device)
+    if config is None:
+        config, heuristic_split = choose_launch(method, m, n, k, num_sms)
+    else:
+        if not fits_method(config, method):
+            raise ValueError(f"int4 needs block_k to be a multiple of {GROUP_SIZE}, got {config.block_k}")
+        heuristic_split = choose_split_k(m, n, k, num_sms, config)
+    split_k = heuristic_split if split_k is None else split_k
+    if m == 0:
+        return x.new_empty((0, n))
+    int4 = method == "int4"
+    if config.kernel == "gemv":
+        return _gemv(x, qweight, scales, m, n, k, int4, config, split_k)
+    if config.kernel == "dot":
+        return _dot(x, qweight, scales, m, n, k, int4, config)
+    return _dequant_then_cublas(x, qweight, scales, n, k, int4, config)
+
+
+def _gemv(x, qweight, scales, m, n, k, int4, config, split_k) -> torch.Tensor:
+    if not 1 <= split_k <= MAX_SPLIT_K:
+        raise ValueError(f"split_k must be in [1, {MAX_SPLIT_K}], got {split_k}")
+    if m > GEMV_MAX_ROWS:  # the kernel holds one accumulator per row of x: a few rows per launch
+        return torch.cat([_gemv(x[i:i + GEMV_MAX_ROWS], qweight, scales, min(GEMV_MAX_ROWS, m - i), n, k, int4,
+                                config, split_k) for i in range(0, m, GEMV_MAX_ROWS)])
+    k_per_split = -(-k // (split_k * config.block_k)) * config.block_k
+    split_k = -(-k // k_per_split)  # slices that hold at least one step of K
+    out = x.new_empty((m, n))
+    if split_k > 1:  # each slice's float32 sums, and a counter per row block (see the kernel's docstring)
+        partial_sums = torch.empty((split_k, m, n), dtype=torch.float32, device=x.device)
+        counters = _split_counters(x.device, triton.cdiv(n, config.block_n))
+    else:
+        partial_sums = counters = out  # not read
+    even = n % config.block_n == 0 and k % config.block_k == 0 and k_per_split % config.block_k == 0
+    words = int4 and config.unpack == "subnormal"
+    if words:  # the kernel reads int4 as int32 words of 8 nibbles (rows of K // 2 bytes: whole words)
+        qweight = qweight.view(torch.int32)
+    width = GROUP_SIZE // 8 if words else GROUP_SIZE // 2 if int4 else config.block_k  # elements a row load reads
+    per_thread = m * config.block_n * width // (32 * config.num_warps)  # the deferred sums' registers
+    _quantized_gemv_kernel[(triton.cdiv(n, config.block_n), split_k)](
+        x, qweight, scales, out, partial_sums, counters, n, k, k_per_split,
+        x.stride(0), qweight.stride(0), scales.stride(0), out.stride(0),
+        INT4=int4, ROWS=m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP=GROUP_SIZE,
+        UNPACK=UNPACK_MODES.index(config.unpack), SPLIT=split_k > 1, EVEN=even,
+        DEFER_SUM=config.defer_sum and per_thread <= MAX_DEFERRED_PER_THREAD,
+        NUM_STAGES=config.num_stages, TILED=qweight.dim() == 4, num_warps=config.num_warps,
+    )
+    return out
+
+
+_COUNTERS: dict[tuple, torch.Tensor] = {}
+MIN_COUNTERS = 1 << 14  # row blocks one split launch may have before its device's counters are reallocated
+
+
+def _split_counters(device: torch.device, row_blocks: int) -> torch.Tensor:
+    """A device's split-K counters (int32, zero between launches: the finishing program of each row block sets
+    its counter back). Kept across launches and shared by them, so a captured CUDA graph needs no fill before
+    each matmul; one set per CUDA stream, since launches on one stream never overlap."""
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else None
+    key = (device, stream)
+    counters = _COUNTERS.get(key)
+    if counters is None or counters.numel() < row_blocks:
+        counters = torch.zeros(max(row_blocks, MIN_COUNTERS), dtype=torch.int32, device=device)
+        _COUNTERS[key] = counters
+    return counters
+
+
+def _dot_fp32(x: torch.Tensor) -> bool:
+    # Triton's interpreter computes bfloat16 dots wrongly (m08's kernel notes it too): upcast the tiles there.
+    return x.dtype == torch.float32 or (runs_interpreted(x.device) and x.dtype == torch.bfloat16)
+
+
+def _dot(x, qweight, scales, m, n, k, int4, config) -> torch.Tensor:
+    out = x.new_empty((m, n))
+    block_k = max(config.block_k, GROUP_SIZE) if int4 else config.block_k
+    grid = (triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n),)
+    _quantized_dot_kernel[grid](
+        x, qweight, scales, out, m, n, k, x.stride(0), qweight.stride(0), scales.stride(0), out.stride(0),
+        INT4=int4, BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=block_k, GROUP=GROUP_SIZE,
+        GROUP_M=config.group_m, DOT_FP32=_dot_fp32(x), IEEE=x.dtype == torch.float32, EVEN_K=k % block_k == 0,
+        TILED=qweight.dim() == 4, num_warps=config.num_warps, num_stages=config.num_stages,
+    )
+    return out
+
+
+def dequantize(qweight: torch.Tensor, scales: torch.Tensor, method: str, dtype: torch.dtype,
+               rows: slice | None = None, config: QuantMatmulConfig | None = None) -> torch.Tensor:
+    """``W[rows]`` as a dense ``dtype`` matrix, unpacked by ``_dequantize_kernel`` (the dequant path's scratch).
+    int4 tiles: ``rows`` starts on a whole tile (a multiple of 16)."""
+    rows = slice(*(rows or slice(None)).indices(scales.shape[0]))
+    tiled = qweight.dim() == 4
+    if tiled and rows.start % TILE_ROWS:
+        raise ValueError(f"int4 tiles are dequantized whole: rows must start at a multiple of {TILE_ROWS}")
+    w = qweight[rows.start // TILE_ROWS:-(-rows.stop // TILE_ROWS)] if tiled else qweight[rows]
+    s = scales[rows]
+    n = s.shape[0]
+    k = 2 * w.shape[-1] * (w.shape[1] if tiled else 1) if method == "int4" else w.shape[1]
+    config = config or QuantMatmulConfig("dequant", block_n=64, block_k=256, num_warps=4, num_stages=2)
+    block_k = max(config.block_k, GROUP_SIZE) if method == "int4" else config.block_k
+    out = torch.empty((n, k), dtype=dtype, device=qweight.device)
+    _dequantize_kernel[(triton.cdiv(n, config.block_n), triton.cdiv(k, block_k))](
+        w, s, out, n, k, w.stride(0), s.stride(0), out.stride(0),
+        INT4=method == "int4", BLOCK_N=config.block_n, BLOCK_K=block_k, GROUP=GROUP_SIZE, TILED=tiled,
+        num_warps=config.num_warps,
+    )
+    return out
+
+
+def _dequant_then_cublas(x, qweight, scales, n, k, int4, config) -> torch.Tensor:
+    method = "int4" if int4 else "int8"
+    rows_per_slice = max(config.block_n, DEQUANT_SCRATCH_BYTES // (k * x.element_size()))
+    rows_per_slice = -(-rows_per_slice // TILE_ROWS) * TILE_ROWS  # whole tiles (int4 in tiles)
+    if rows_per_slice >= n:
+        return F.linear(x, dequantize(qweight, scales, method, x.dtype, config=config))
+    out = x.new_empty((x.shape[0], n))
+    for start in range(0, n, rows_per_slice):
+        rows = slice(start, min(n, start + rows_per_slice))
+        out[:, rows] = F.linear(x, dequantize(qweight, scales, method, x.dtype, rows, config))
+    return out
+
+
+def quantized_matmul_reference(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
+                               method: str) -> torch.Tensor:
+    """The same product in float32 torch: the definition every kernel must meet."""
+    from milestones.m13_quantization.quantize import dequantize_weight
+
+    return (x.float() @ dequantize_weight(qweight, scales, method, torch.float32).T).to(x.dtype)
