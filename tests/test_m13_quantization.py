@@ -210,18 +210,6 @@ def test_every_int4_kernel_reads_tiles_as_it_reads_rows(config, m, n, k):
         assert torch.allclose(out, rows, rtol=1e-5, atol=1e-6 * rows.abs().max().item())
 
 
-def test_int4_gemv_reads_bfloat16_inputs_that_start_between_pairs():
-    """The words kernel reads bfloat16 inputs as int32 pairs: a view of x that starts on an odd input, or rows of
-    an odd length apart, gives the same product."""
-    x, qweight, scales = matmul_case("int4", 2, 32, 256, torch.bfloat16, seed=6)
-    wider = torch.zeros(2, 257, dtype=torch.bfloat16, device=x.device)
-    wider[:, 1:] = x
-    odd_start = wider[:, 1:]
-    assert odd_start.data_ptr() % 4 == 2 and odd_start.stride(0) % 2 == 1
-    out = quantized_matmul(odd_start, qweight, scales, "int4", config=LAUNCH_TABLE["int4"]["gemv"])
-    assert torch.equal(out, quantized_matmul(x, qweight, scales, "int4", config=LAUNCH_TABLE["int4"]["gemv"]))
-
-
 @pytest.mark.parametrize("unpack", ["subnormal", "magic"])
 def test_int4_gemv_keeps_its_precision_over_the_activations_range(unpack):
     """``subnormal`` reads each nibble's bits as a float (``u * 2^-149``) and scales x up by 2^64: products of

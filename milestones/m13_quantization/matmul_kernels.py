@@ -31,22 +31,17 @@ nibble ``u`` into a float, ``QuantMatmulConfig.unpack``:
                read as int32 words of 8 nibbles, and nibble p of a word, masked in place (``w & (15 << 4p)``,
                one AND), is the float u * 2^(4p - 149). The input it multiplies is scaled up by 2^(149 - 4p - 85)
                instead, once per input rather than once per weight, so that every product is u * x * 2^-85, a
-               normal float; the row's sum is scaled back by 2^85 at the end (powers of two: exact). The -8s
-               come off after the loop, one term per row and group: sum_g scale[n, g] sum((u - 8) x) is
-               sum_g scale[n, g] sum(u x) - 8 sum_g scale[n, g] sum(x) (``_int4_offsets``). A word costs nine
-               integer operations (a mask per nibble, a shift before nibbles 6 and 7), eight fused multiply-adds
-               and one for its group's scale: 2.25 instructions a weight, against about nine for ``magic`` in
-               this kernel's byte layout (counted in the sm_90 assembly), where each thread also widened two
-               inputs per byte it read.
+               normal float; the row's sum is scaled back by 2^85 at the end (powers of two: exact). The -8 comes
+               off once per word: sum((u - 8) x) = sum(u x) - 8 sum(x). About two instructions a weight, against
+               about nine for ``magic`` in this kernel's byte layout (counted in the sm_90 assembly), where each
+               thread also widened two inputs per byte it read.
 
 int8 keeps ``magic`` (``u = q ^ 0x80`` is ``q + 128``): its GEMV reads twice the bytes per weight, and reached
 its target without more.
 
-The words kernel's whole loop (loads and addresses included) issued 7-9.5 instructions a byte, and it was not
+The words kernel's whole loop (loads and addresses included) issues 7-9.5 instructions a byte, and it is not
 waiting on them: on the H200 a variant with 25-35% fewer streamed no faster, while tiles cut its long matmuls' time
-by 5% at the same launch and 22% with wider programs (``docs/m13-quantization.md``, "Two guesses tested"). With the
--8s out of the loop and bfloat16 inputs widened by hand (``_inputs_for_nibbles``) it issues 6.0 a byte at 32 rows a
-program.
+by 5% at the same launch and 22% with wider programs (``docs/m13-quantization.md``, "Two guesses tested").
 
 **dot** (batch 3-32 in ``LAUNCH_TABLE``, ``_quantized_dot_kernel``): the classic tiled matmul
 (``BLOCK_M`` rows of x by ``BLOCK_N`` rows of W, grouped so that tiles reuse W from L2), whose W tile is unpacked to
@@ -88,15 +83,12 @@ MAGIC = tl.constexpr(1)
 SUBNORMAL = tl.constexpr(2)
 # SUBNORMAL's units: a nibble or byte u read as float bits is u * 2^-149; x is scaled up by 2^64 so that the
 # products (u * x * 2^-85) stay normal floats; the row's sum is scaled back by 2^85 at the end (powers of two:
-# exact), and its -8s (NIBBLE_OFFSET, in x's own units) added. |x| < 2^64 is all it asks of the activations; of
-# the arithmetic, that subnormals are kept, not flushed to zero: Triton's float32 default on NVIDIA GPUs (no .ftz),
-# and numpy's in the interpreter. The tests on CUDA compare against the float reference, so a flushing build would
-# fail them.
+# exact). |x| < 2^64 is all it asks of the activations; of the arithmetic, that subnormals are kept, not flushed
+# to zero: Triton's float32 default on NVIDIA GPUs (no .ftz), and numpy's in the interpreter. The tests on CUDA
+# compare against the float reference, so a flushing build would fail them.
 TILE = tl.constexpr(TILE_ROWS)  # int4 in tiles: rows per tile (quantize.tile_int4)
-X_UP_LOG2 = tl.constexpr(64)
-X_UP = tl.constexpr(18446744073709551616.0)  # 2^X_UP_LOG2
-NIBBLE_OFFSET = tl.constexpr(-8.0)  # a nibble u stands for u - 8
-OFFSET_GROUPS = tl.constexpr(8)  # int4 words: groups whose -8s _int4_offsets sums at a time
+X_UP = tl.constexpr(18446744073709551616.0)  # 2^64
+NIBBLE_OFFSET = tl.constexpr(-2.0679515313825692e-25)  # -8 * 2^-85: a nibble's -8, in the products' units
 UNIT_DOWN = tl.constexpr(3.8685626227668134e25)  # 2^85
 
 
@@ -135,78 +127,30 @@ def _scaled_for_nibble(x, P: tl.constexpr):
 
 
 @triton.jit
-def _whole(ok, LENGTH: tl.constexpr):
-    """A scalar condition as a mask of ``LENGTH`` (all true or all false)."""
-    return tl.full([LENGTH], 1, tl.int1) & ok
-
-
-@triton.jit
-def _inputs_for_nibbles(x_ptr, mask, P0: tl.constexpr, WORDS: tl.constexpr):
-    """``4 * WORDS`` contiguous inputs as the 4 float32 vectors of ``WORDS`` that nibbles ``P0``, ``P0 + 2``,
-    ``P0 + 4`` and ``P0 + 6`` of each word multiply (input ``4w + b`` goes with nibble ``P0 + 2b``), each
-    scaled for its nibble (``_scaled_for_nibble``). ``mask``: None, or whether to read them at all.
-
-    bfloat16 is read as int32 pairs of inputs and widened by hand: the odd input of a pair is its high half masked
-    (then scaled), and the even one is shifted up and scaled in one integer multiply-add,
-    ``pair * 2^16 + (e << 23)``, which adds ``e`` to the float's exponent: ``x * 2^e`` exactly for every normal
-    bfloat16 below 2^64. A zero (or a bfloat16 subnormal) becomes a float below 2^(e - 126) instead, and its
-    product with the nibble (at most 15 * 2^(4p - 149), e = 64 - 4p) falls below 2^-207: it adds exactly nothing
-    to a sum, as the true product, which is as small, does."""
-    if x_ptr.dtype.element_ty == tl.bfloat16:
-        pair_ptrs = x_ptr.to(tl.pointer_type(tl.int32)) + tl.arange(0, 2 * WORDS)
-        if mask is None:
-            pairs = tl.load(pair_ptrs)
-        else:
-            pairs = tl.load(pair_ptrs, mask=_whole(mask, 2 * WORDS), other=0)
-        pair_a, pair_b = tl.split(tl.reshape(pairs, [WORDS, 2]))  # inputs 4w, 4w + 1 and 4w + 2, 4w + 3
-        x0 = (pair_a * 65536 + ((X_UP_LOG2 - 4 * P0) << 23)).to(tl.float32, bitcast=True)  # nibble P0 < 6
-        x1 = _scaled_for_nibble((pair_a & -65536).to(tl.float32, bitcast=True), P0 + 2)
-        x2 = (pair_b * 65536 + ((X_UP_LOG2 - 4 * (P0 + 4)) << 23)).to(tl.float32, bitcast=True)  # P0 + 4 < 6
-        x3 = _scaled_for_nibble((pair_b & -65536).to(tl.float32, bitcast=True), P0 + 6)
-    else:
-        x = _load_x(x_ptr + tl.arange(0, 4 * WORDS), None if mask is None else _whole(mask, 4 * WORDS))
-        pairs_a, pairs_b = tl.split(tl.reshape(x, [WORDS, 2, 2]))  # [w, b // 2] for b even, and for b odd
-        x0, x2 = tl.split(pairs_a)
-        x1, x3 = tl.split(pairs_b)
-        x0 = _scaled_for_nibble(x0, P0)
-        x1 = _scaled_for_nibble(x1, P0 + 2)
-        x2 = _scaled_for_nibble(x2, P0 + 4)
-        x3 = _scaled_for_nibble(x3, P0 + 6)
-    return x0, x1, x2, x3
+def _by_byte(x, WORDS: tl.constexpr):
+    """64 contiguous inputs (one contiguous load) -> 4 vectors of ``WORDS``: those of byte 0, 1, 2 and 3 of each
+    word (inputs ``4w + b``)."""
+    pairs_a, pairs_b = tl.split(tl.reshape(x, [WORDS, 2, 2]))  # [w, b // 2] for b even, and for b odd
+    b0, b2 = tl.split(pairs_a)
+    b1, b3 = tl.split(pairs_b)
+    return b0, b1, b2, b3
 
 
 @triton.jit
 def _int4_group_subnormal(words, x_group_ptr, group_ok, HALF: tl.constexpr, WORDS: tl.constexpr):
     """One row of x times one 128-input group held as ``[BLOCK_N, 16]`` int32 words (8 nibbles each), in units
-    of 2^-85, the nibbles read as ``u`` (0..15): their -8s are ``_int4_offsets``'s. Byte ``b`` of word ``w``
-    holds inputs ``4w + b`` (low nibble) and ``64 + 4w + b`` (high), so nibble ``p`` multiplies input
-    ``4w + p // 2 + 64 * (p % 2)``, scaled up by 2^64 over the nibble's own 2^(4p) (``_nibble_in_place``).
-    Eight fused multiply-adds and nine integer operations a word."""
-    x_lo = _inputs_for_nibbles(x_group_ptr, group_ok, 0, WORDS)  # inputs 4w + b: nibbles 0, 2, 4, 6
-    x_hi = _inputs_for_nibbles(x_group_ptr + HALF, group_ok, 1, WORDS)  # inputs 64 + 4w + b: nibbles 1, 3, 5, 7
+    of 2^-85. Byte ``b`` of word ``w`` holds inputs ``4w + b`` (low nibble) and ``64 + 4w + b`` (high), so
+    nibble ``p`` multiplies input ``4w + p // 2 + 64 * (p % 2)``, scaled up by 2^64 over the nibble's own
+    2^(4p) (``_nibble_in_place``). ``sum((u - 8) x) = sum(u x) - 8 sum(x)``: the 8s come off once per word.
+    Eight fused multiply-adds and about nine integer operations a word: about two instructions a weight."""
+    x_lo = _by_byte(_load_x(x_group_ptr + tl.arange(0, HALF), group_ok), WORDS)  # inputs 4w + b, b = 0..3
+    x_hi = _by_byte(_load_x(x_group_ptr + HALF + tl.arange(0, HALF), group_ok), WORDS)  # inputs 64 + 4w + b
+    x_sum = x_lo[0] + x_hi[0] + x_lo[1] + x_hi[1] + x_lo[2] + x_hi[2] + x_lo[3] + x_hi[3]
     part = tl.zeros(words.shape, tl.float32)
     for p in tl.static_range(8):
         x = x_hi[p // 2] if p % 2 else x_lo[p // 2]
-        part = part + _nibble_in_place(words, p) * x[None, :]
-    return part
-
-
-@triton.jit
-def _int4_offsets(x_row_ptr, s_ptr, cols, col_ok, stride_sn, k_start, k_end, GROUP: tl.constexpr,
-                  CHUNK: tl.constexpr):
-    """The nibbles' -8s for one row of x over a slice of K, ``[BLOCK_N]``: ``-8 * sum_g scale[n, g] * X[g]``,
-    ``X[g]`` the sum of group g's inputs, ``CHUNK`` groups at a time."""
-    g0 = tl.arange(0, CHUNK)
-    i = tl.arange(0, GROUP)
-    off = tl.zeros(cols.shape, tl.float32)
-    for kg in range(k_start, k_end, CHUNK * GROUP):
-        g = kg // GROUP + g0
-        g_ok = g * GROUP < k_end
-        x_sums = tl.sum(_load_x(x_row_ptr + g[:, None] * GROUP + i[None, :], g_ok[:, None]), axis=1)
-        scale = tl.load(s_ptr + cols[:, None] * stride_sn + g[None, :], mask=col_ok[:, None] & g_ok[None, :],
-                        other=0.0)
-        off += tl.sum(scale * x_sums[None, :], axis=1)
-    return off * NIBBLE_OFFSET
+        part = part + _nibble_in_place(words, p) * _scaled_for_nibble(x, p)[None, :]
+    return part + (x_sum * NIBBLE_OFFSET)[None, :]
 
 
 @triton.jit
@@ -350,7 +294,7 @@ def _quantized_gemv_kernel(
                 if WORDS:
                     x_group = x_ptr + kg
                     if not EVEN:  # the whole group is in this slice of K, or none of it
-                        x_ok = kg < k_end
+                        x_ok = kg + tl.arange(0, HALF) < k_end
                     acc0 = _fold(acc0, _int4_group_subnormal(b, x_group, x_ok, HALF, WIDTH) * scale[:, None],
                                  DEFER_SUM)
                     if ROWS > 1:
@@ -408,17 +352,6 @@ def _quantized_gemv_kernel(
         acc2 = _row_sums(acc2, row_scale, DEFER_SUM, SCALE)
     if ROWS > 3:
         acc3 = _row_sums(acc3, row_scale, DEFER_SUM, SCALE)
-    if WORDS:  # the -8s, one term per row and group: out of the loop
-        acc0 += _int4_offsets(x_ptr, s_ptr, cols, col_ok, stride_sn, k_start, k_end, GROUP, OFFSET_GROUPS)
-        if ROWS > 1:
-            acc1 += _int4_offsets(x_ptr + stride_xm, s_ptr, cols, col_ok, stride_sn, k_start, k_end, GROUP,
-                                  OFFSET_GROUPS)
-        if ROWS > 2:
-            acc2 += _int4_offsets(x_ptr + 2 * stride_xm, s_ptr, cols, col_ok, stride_sn, k_start, k_end, GROUP,
-                                  OFFSET_GROUPS)
-        if ROWS > 3:
-            acc3 += _int4_offsets(x_ptr + 3 * stride_xm, s_ptr, cols, col_ok, stride_sn, k_start, k_end, GROUP,
-                                  OFFSET_GROUPS)
     if SPLIT:
         num_slices = tl.num_programs(1)
         part = part_ptr + pid_k * ROWS * N  # this slice's [ROWS, N] of float32 sums
@@ -662,8 +595,6 @@ def _gemv(x, qweight, scales, m, n, k, int4, config, split_k) -> torch.Tensor:
     words = int4 and config.unpack == "subnormal"
     if words:  # the kernel reads int4 as int32 words of 8 nibbles (rows of K // 2 bytes: whole words)
         qweight = qweight.view(torch.int32)
-        if x.dtype == torch.bfloat16 and (x.data_ptr() % 4 or x.stride(0) % 2):
-            x = x.contiguous().clone()  # it reads bfloat16 inputs in int32 pairs: they must start on 4 bytes
     width = GROUP_SIZE // 8 if words else GROUP_SIZE // 2 if int4 else config.block_k  # elements a row load reads
     per_thread = m * config.block_n * width // (32 * config.num_warps)  # the deferred sums' registers
     _quantized_gemv_kernel[(triton.cdiv(n, config.block_n), split_k)](
