@@ -131,14 +131,17 @@ def test_regimes_and_split_k_for_qwen3_8b_shapes():
         config, split = choose_launch("int4", 1, n, k, 132)
         assert config == words
         chosen[n, k] = split
-    # 3 programs of 32 rows per SM: q/k/v (192 programs) in 3 slices of K, o_proj and down_proj (128) in 4
-    assert chosen == {(6144, 4096): 3, (4096, 4096): 4, (24576, 4096): 1, (4096, 12288): 4, (151936, 4096): 1}
+    # 3 programs of 32 rows per SM: q/k/v (192 programs) in 3 slices of K, rounded up to 4 equal ones (16 steps);
+    # o_proj and down_proj (128 programs) in 4
+    assert chosen == {(6144, 4096): 4, (4096, 4096): 4, (24576, 4096): 1, (4096, 12288): 4, (151936, 4096): 1}
     assert choose_launch("int4", 1, 1024, 2048, 132)[1] == 8  # Qwen3-0.6B's o_proj: 32 programs, K in 8 slices
     words = replace(words, min_programs_per_sm=1)
-    assert choose_split_k(1, 512, 8192, 132, words) == 9  # 16 programs: K cut in 9, 144 programs
+    assert choose_split_k(1, 512, 8192, 132, words) == 16  # 16 programs: 9 slices wanted, 16 divide 32 steps
     assert choose_split_k(1, 256, 8192, 132, words) == 16  # 8 programs: K cut in 16 (the most)
     assert choose_split_k(1, 256, 1024, 132, words) == 4  # ...but never into slices shorter than block_k
     assert choose_split_k(1, 256, 256, 132, words) == 1
+    assert choose_split_k(1, 256, 256 * 13, 132, words) == 13  # 8 programs want 17 slices: 13 steps allow 13
+    assert choose_split_k(1, 256, 256 * 17, 132, words) == 16  # 17 steps (prime): 16 slices, unequal
     config, split = choose_launch("int8", 64, 4096, 4096, 132)
     assert config.kernel == "dequant" and config == LAUNCH_TABLE["int8"]["large"] and split == 1
 

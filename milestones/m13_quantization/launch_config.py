@@ -171,15 +171,20 @@ def choose_split_k(m: int, n: int, k: int, num_sms: int, config: QuantMatmulConf
 
     int4's words kernel runs one warp of 32 rows per program, and a warp that streams needs company on its SM to
     keep enough loads in flight. Qwen3-8B on an H200 (132 SMs): q/k/v has 192 such programs, o_proj and down_proj
-    128, gate_up 768, the LM head 4,748; at 3 per SM, q/k/v is cut into 3 slices, o_proj and down_proj into 4.
-    A split costs a float32 write of each slice's sums and, per row block, one program that adds them (the
-    kernel's ``SPLIT``): no launch of its own.
+    128, gate_up 768, the LM head 4,748; at 3 per SM, q/k/v asks for 3 slices, o_proj and down_proj for 4.
+    The slices are equal: the count is rounded up to one that divides K's loop steps (q/k/v's 16 steps in 4
+    slices of 4, not in 6 + 6 + 4, whose launch lasts as long as its longest slices). A split costs a float32
+    write of each slice's sums and, per row block, one program that adds them (the kernel's ``SPLIT``): no launch
+    of its own.
     """
     if config.kernel != "gemv":
         return 1
     programs = -(-n // config.block_n)
     wanted = -(-config.min_programs_per_sm * num_sms // programs)
-    return max(1, min(wanted, k // config.block_k, MAX_SPLIT_K))
+    steps = k // config.block_k
+    most = max(1, min(steps, MAX_SPLIT_K))
+    wanted = max(1, min(wanted, most))
+    return next((s for s in range(wanted, most + 1) if steps % s == 0), wanted)
 
 
 def choose_launch(method: str, m: int, n: int, k: int, num_sms: int,
