@@ -246,6 +246,35 @@ def test_split_k_adds_the_slices(method, rows, dtype):
     assert torch.equal(again, out)
 
 
+@cuda_only
+def test_split_gemvs_replay_from_a_graph_beside_another_graphs_temporaries(monkeypatch):
+    """An engine captures its batch sizes into graphs that share one memory pool. A graph captured first frees
+    temporaries in that pool; the split counters must not be among them (they are allocated by the eager warm-up,
+    outside any capture), or replaying the first graph would write into them and leave the second's output
+    unwritten. Capturing a split GEMV with no counters yet is refused in one line."""
+    from milestones.m13_quantization import matmul_kernels
+
+    x, qweight, scales = matmul_case("int4", 1, 256, 4096, torch.bfloat16, seed=7)
+    config = LAUNCH_TABLE["int4"]["gemv"]
+    assert choose_split_k(1, 256, 4096, torch.cuda.get_device_properties(0).multi_processor_count, config) > 1
+    expected = quantized_matmul(x, qweight, scales, "int4")  # the warm-up: compiles, allocates the counters
+    first, second = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+    with torch.cuda.graph(first):
+        ones = torch.ones(matmul_kernels.MIN_COUNTERS, dtype=torch.int32, device=DEVICE)  # freed in the pool
+        total = ones.sum()
+    with torch.cuda.graph(second, pool=first.pool()):
+        out = quantized_matmul(x, qweight, scales, "int4")
+    for _ in range(3):
+        first.replay()
+        second.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, expected) and total.item() == matmul_kernels.MIN_COUNTERS
+    monkeypatch.setattr(matmul_kernels, "_COUNTERS", {})
+    with pytest.raises(RuntimeError, match="before a CUDA graph is captured"):
+        with torch.cuda.graph(torch.cuda.CUDAGraph()):
+            quantized_matmul(x, qweight, scales, "int4")
+
+
 def test_the_wrapper_refuses_bad_shapes_in_one_line():
     x, qweight, scales = matmul_case("int8", 2, 16, 256, torch.float32)
     with pytest.raises(ValueError, match="int4 needs K .* multiple of its group size 128"):

@@ -37,7 +37,6 @@ LARGE_MAX_M = 512
 MAX_SPLIT_K = 16
 
 
-
 @dataclass(frozen=True)
 class QuantMatmulConfig:
     """Launch parameters of one quantized matmul.
@@ -94,10 +93,13 @@ def regime(m: int) -> str:
 # (quant_bench --gemv-grid at 0c790fd, results/h200/quant_bench+gemv-grid.json): 8 rows x 512 inputs a step, 2 warps,
 # 4 stages deep. int4 on tiles: the words kernel with one warp of 32 rows, 3 stages deep
 # (results/h200/int4_tiles_grid.json), and K cut into slices where N gives fewer than 3 such programs per SM
-# (results/h200/int4_split_finish.json, rows per program x slices at each shape: q/k/v 9.2 us in 32 rows x 2-4
+# (results/h200/int4_split_finish.json, rows per program x slices at each shape: q/k/v 9.2 us in 32 rows x 4
 # slices against 10.7 in 384 programs of 16 rows, o_proj 7.1 in 32 x 4 against 8.5 in 512 of 8, down_proj 12.8 in
 # 32 x 4). The other regimes, from the full quant_bench (results/h200/quant_bench.json, batch 4 to
 # 2,048): 16 rows x 32 outputs x 256 inputs on the tensor cores at 3-32 rows (int4 at batch 16: 3.67 ms a step's
+# matmuls, the config before 4.61, bf16 4.22), and from 33 rows the dequant path (at 256 rows 13.6 ms against the
+# best tl.dot's 15.9; at 2,048, 55 against 102). Compiled for sm_90 (tests/compile_m13_for_gpu.py --registers),
+# nothing spills.
 SMALL = QuantMatmulConfig("dot", block_m=16, block_n=32, block_k=256, num_warps=4, num_stages=4)
 DEQUANT = QuantMatmulConfig("dequant", block_n=64, block_k=256, num_warps=4, num_stages=2)
 LAUNCH_TABLE: dict[str, dict[str, QuantMatmulConfig]] = {

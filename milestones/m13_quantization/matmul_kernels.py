@@ -608,20 +608,28 @@ def _gemv(x, qweight, scales, m, n, k, int4, config, split_k) -> torch.Tensor:
     return out
 
 
-_COUNTERS: dict[tuple, torch.Tensor] = {}
+_COUNTERS: dict[torch.device, torch.Tensor] = {}
+_OUTGROWN: list[torch.Tensor] = []  # counters a graph captured earlier may still point at: never freed
 MIN_COUNTERS = 1 << 14  # row blocks one split launch may have before its device's counters are reallocated
 
 
 def _split_counters(device: torch.device, row_blocks: int) -> torch.Tensor:
     """A device's split-K counters (int32, zero between launches: the finishing program of each row block sets
     its counter back). Kept across launches and shared by them, so a captured CUDA graph needs no fill before
-    each matmul; one set per CUDA stream, since launches on one stream never overlap."""
-    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else None
-    key = (device, stream)
-    counters = _COUNTERS.get(key)
+    each matmul; one set per device, since the step's kernels run on it one launch after another.
+
+    They are allocated outside any CUDA graph capture (an engine's eager warm-up before each capture does it):
+    allocated inside one, they would come from the graphs' shared memory pool, where another graph's
+    temporaries could overwrite them, and only the first graph would hold their zero fill."""
+    counters = _COUNTERS.get(device)
     if counters is None or counters.numel() < row_blocks:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("quantized_matmul: split-K needs its counters before a CUDA graph is captured: run "
+                               "this matmul once eagerly first (as an engine's warm-up does)")
+        if counters is not None:
+            _OUTGROWN.append(counters)
         counters = torch.zeros(max(row_blocks, MIN_COUNTERS), dtype=torch.int32, device=device)
-        _COUNTERS[key] = counters
+        _COUNTERS[device] = counters
     return counters
 
 
