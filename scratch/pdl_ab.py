@@ -10,11 +10,13 @@ Modes (5 interleaved rounds, batch 1 and 2, 512 keys):
                      weights (one bulk prefetch a row) before waiting, and lets its dependents start after its loop
     int4-pdl-nopf    the same without the prefetch
     int4-pdl-gemv    only the GEMVs with PDL and the prefetch (the rest launched as before)
+With ``second`` (call 48): bf16, bf16-pdl, int4, int4-pdl-rest (the rest with PDL, the GEMVs as before),
+int4-pdl-pf256 (the GEMVs' prefetch cut to one loop step) and int4-pdl-nopf.
 
 Before timing, every PDL engine generates greedily from the same prompts at batch 1 and 2 as its plain twin does:
 the tokens must be the same (PDL changes when kernels start, never what they compute).
 
-    python3 scratch/pdl_ab.py OUT_DIR
+    python3 scratch/pdl_ab.py OUT_DIR [second]
 """
 
 from __future__ import annotations
@@ -69,6 +71,9 @@ def pdl_twin(module, name: str) -> PDLKernel:
 TWINS = {(module, name): pdl_twin(module, name) for module, names in REST.items() for name in names}
 SETTINGS = {"bf16": (False, None), "bf16-pdl": (True, None), "int4": (False, None),
             "int4-pdl": (True, 1 << 20), "int4-pdl-nopf": (True, 0), "int4-pdl-gemv": (False, 1 << 20)}
+if len(sys.argv) > 2 and sys.argv[2] == "second":  # call 48: the rest alone, and a prefetch of one loop step
+    SETTINGS = {"bf16": (False, None), "bf16-pdl": (True, None), "int4": (False, None),
+                "int4-pdl-rest": (True, None), "int4-pdl-pf256": (True, 256), "int4-pdl-nopf": (True, 0)}
 
 
 def chooser(prefetch):
@@ -110,7 +115,7 @@ def main(out_dir: str) -> None:
         quant_step.MODES.setdefault(mode, {"quantization": "int4"} if mode.startswith("int4") else {})
     quant_step.build = build
     result = quant_step.main(["--modes", ",".join(SETTINGS), "--batches", "1,2", "--rounds", "5",
-                              "--out", f"{out_dir}/m13_step_times_pdl_ab.json"])
+                              "--out", f"{out_dir}/m13_step_times_pdl_ab{'2' if 'int4-pdl-rest' in SETTINGS else ''}.json"])
     same = {mode: CHECK[mode] == CHECK["int4" if mode.startswith("int4") else "bf16"] for mode in SETTINGS}
     print("greedy tokens as the plain engine's:", same, flush=True)
     with open(f"{out_dir}/pdl_tokens.json", "w") as f:
