@@ -11,6 +11,8 @@ CUDA graph, five ways (interleaved rounds, median of replays per round):
                        (an atomic arrival, then spinning on the count): the order a decode step needs, in one launch
     persistent-181     the same with one more barrier per layer (attention's place): 5 a layer, as a whole-step
                        persistent kernel would have (norm + q/k/v | attention | o_proj | norm + gate_up + SiLU | down)
+    ...-pfN            (call 49) before arriving at each barrier, every program asks L2 for the first N KiB of its
+                       share of the next matmul (weights do not depend on the barrier: only x does)
 
     python3 scratch/persistent_floor.py OUT.json
 """
@@ -35,6 +37,7 @@ LAYER = ((6144, 4096), (4096, 4096), (24576, 4096), (4096, 12288))
 HEAD = (151936, 4096)
 BLOCK = 1024  # int32 words a program reads per loop step (4 KiB)
 PROGRAMS_PER_SM, WARPS, STAGES = 4, 4, 3  # call 27's best stream launch
+PREFETCH_KIB = (4, 16, 64)  # per program: x 528 programs = 2, 8.4 and 34 MB asked ahead of each barrier
 
 
 def int4_words(n: int, k: int) -> int:
@@ -56,7 +59,7 @@ def _stream_kernel(w_ptr, x_ptr, out_ptr, n_words, iters, STAGES: tl.constexpr, 
 
 @triton.jit
 def _persistent_kernel(w_ptr, x_ptr, out_ptr, bounds_ptr, count_ptr, segments, STAGES: tl.constexpr,
-                       BLOCK: tl.constexpr):
+                       BLOCK: tl.constexpr, PREFETCH: tl.constexpr = 0, LANES: tl.constexpr = 128):
     """Segment after segment (a matmul's words, or none: a barrier only), each program its contiguous share,
     then a grid-wide barrier: every program counts itself arrived and spins until all have."""
     pid = tl.program_id(0)
@@ -72,6 +75,18 @@ def _persistent_kernel(w_ptr, x_ptr, out_ptr, bounds_ptr, count_ptr, segments, S
             idx = base + i * BLOCK + offs
             w = tl.load(w_ptr + idx, mask=idx < end, other=0)
             acc += w.to(tl.float32, bitcast=True) * tl.load(x_ptr + offs).to(tl.float32)
+        if PREFETCH > 0:  # the next segment's first PREFETCH bytes of this program's share, asked of L2 now
+            nxt_start = tl.load(bounds_ptr + s + 1)
+            nxt_end = tl.load(bounds_ptr + tl.minimum(s + 2, segments))
+            nxt_iters = tl.cdiv(nxt_end - nxt_start, programs * BLOCK)
+            nxt_base = nxt_start + pid * nxt_iters * BLOCK
+            words = tl.minimum(tl.minimum(PREFETCH // 4, nxt_iters * BLOCK), tl.maximum(nxt_end - nxt_base, 0))
+            chunk = (words // LANES) // 4 * 4  # int32 words per thread, whole 16 bytes
+            if chunk > 0:
+                lane = tl.arange(0, LANES)
+                tl.inline_asm_elementwise("cp.async.bulk.prefetch.L2.global [$1], $2;\n mov.u32 $0, 0;", "=r,l,r",
+                                          [w_ptr + nxt_base + lane * chunk, (chunk * 4 + tl.zeros_like(lane))],
+                                          dtype=tl.int32, is_pure=False, pack=1)
         tl.debug_barrier()
         tl.atomic_add(count_ptr, 1, sem="release")
         target = (s + 1) * programs
@@ -138,17 +153,21 @@ def main(out: str) -> None:
         _stream_kernel[(triton.cdiv(flat.numel(), iters * BLOCK),)](flat, x_words, sink, flat.numel(), iters,
                                                                    STAGES=STAGES, BLOCK=BLOCK, num_warps=WARPS)
 
-    def persistent(bounds):
+    def persistent(bounds, prefetch=0):
         def run():
             counter.zero_()
             _persistent_kernel[(programs,)](flat, x_words, sink, bounds, counter, bounds.numel() - 1,
-                                            STAGES=STAGES, BLOCK=BLOCK, num_warps=WARPS)
+                                            STAGES=STAGES, BLOCK=BLOCK, PREFETCH=prefetch, LANES=32 * WARPS,
+                                            num_warps=WARPS)
         return run
 
     fns = {"cublas-bf16": lambda: matmuls(bf16, lambda h, w: torch.nn.functional.linear(h, w)),
            "m13-int4": lambda: matmuls(int4, lambda h, w: quantized_matmul(h, w[0], w[1], "int4")),
            "stream-each": stream_each, "stream-one": stream_one,
            "persistent-145": persistent(bounds145), "persistent-181": persistent(bounds181)}
+    for kib in PREFETCH_KIB:  # call 49: the next matmul's first bytes asked of L2 before each barrier
+        fns[f"persistent-145-pf{kib}"] = persistent(bounds145, kib * 1024)
+        fns[f"persistent-181-pf{kib}"] = persistent(bounds181, kib * 1024)
     result = {"name": "persistent_floor", "env": environment("cuda"), "matmuls": len(shapes), "programs": programs,
               "launch": f"{PROGRAMS_PER_SM} programs/SM x {WARPS} warps x {STAGES} stages",
               "bytes": {"bf16": sum(2 * n * k for n, k in shapes), "int4": 4 * sum(counts)}, "errors": {}}
@@ -171,7 +190,7 @@ def main(out: str) -> None:
     for name, values in times.items():
         median = statistics.median(values)
         nbytes = result["bytes"]["bf16" if name.startswith("cublas") else "int4"]
-        barriers = {"persistent-145": 145, "persistent-181": 181}.get(name)
+        barriers = 145 if name.startswith("persistent-145") else 181 if name.startswith("persistent-181") else None
         result["summary"][name] = {"median_ms": median, "min_ms": min(values), "max_ms": max(values),
                                    "tb_per_s": nbytes / median / 1e9,
                                    "us_per_barrier": (median - one) / barriers * 1e3 if barriers else None}
