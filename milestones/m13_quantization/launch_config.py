@@ -54,10 +54,6 @@ class QuantMatmulConfig:
     keeps a partial sum per element across the loop and reduces across K once at the end (fewer shuffles, more
     registers: used only where it fits in 64 per thread) instead of a cross-thread reduction in every step.
     ``min_programs_per_sm``: ``gemv`` splits K until the launch has at least this many programs per SM.
-    ``pdl``: ``gemv`` is launched with programmatic dependent launch (Hopper and later, CUDA only): its programs
-    may start while the kernel before is still running, ask L2 for the first ``prefetch_k`` inputs' weights of
-    their slice (weights are never written, so they need not wait), and wait for that kernel only before reading
-    x (``griddepcontrol.wait``).
     """
 
     kernel: str = "gemv"
@@ -70,8 +66,6 @@ class QuantMatmulConfig:
     unpack: str = "subnormal"
     defer_sum: bool = True
     min_programs_per_sm: int = 1
-    pdl: bool = False
-    prefetch_k: int = 0
 
     def __post_init__(self) -> None:
         if self.kernel not in KERNELS:
@@ -84,7 +78,7 @@ class QuantMatmulConfig:
                 raise ValueError(f"{name} must be a power of two, got {value}")
         if self.kernel == "dot" and min(self.block_m, self.block_n, self.block_k) < 16:
             raise ValueError("tl.dot needs block_m, block_n and block_k >= 16")
-        if self.num_warps not in (1, 2, 4, 8, 16) or self.num_stages < 1 or self.group_m < 1 or self.prefetch_k < 0:
+        if self.num_warps not in (1, 2, 4, 8, 16) or self.num_stages < 1 or self.group_m < 1:
             raise ValueError(f"bad launch parameters num_warps={self.num_warps} num_stages={self.num_stages} "
                              f"group_m={self.group_m}")
 

@@ -167,22 +167,6 @@ def _int4_rows(w_ptr, cols, stride_wn, K, TILED: tl.constexpr, WIDTH: tl.constex
     return rows, group_stride
 
 
-
-@triton.jit
-def _prefetch_tiles_l2(w_ptr, cols, N, K, k_start, k_len, WIDTH: tl.constexpr, GROUP: tl.constexpr):
-    """Ask L2 for a program's int4 tiles over inputs ``[k_start, k_start + k_len)``, fire and forget: in tiles, a
-    tile's run of groups is one contiguous piece (``k_len / 128`` KiB), so each of the 16 rows of a tile asks for
-    a sixteenth of it with one bulk prefetch (``cp.async.bulk.prefetch.L2``, Hopper's copy engine: no register
-    waits for the bytes)."""
-    rows = tl.minimum(cols, N - 1)  # a partial row block asks for its last tile twice: harmless
-    groups = k_len // GROUP
-    units = (rows // TILE) * (K // GROUP) * (TILE * WIDTH) + (k_start // GROUP) * (TILE * WIDTH) \
-        + (rows % TILE) * (groups * WIDTH)
-    nbytes = groups * WIDTH * (w_ptr.dtype.element_ty.primitive_bitwidth // 8) + tl.zeros_like(rows)
-    tl.inline_asm_elementwise("cp.async.bulk.prefetch.L2.global [$1], $2;\n mov.u32 $0, 0;", "=r,l,r",
-                              [w_ptr + units, nbytes], dtype=tl.int32, is_pure=False, pack=1)
-
-
 @triton.jit
 def _int8_to_float(q, UNPACK: tl.constexpr):
     """int8 -> float32: ``q``, or, ``MAGIC``, ``u = q + 128`` (0..255) written into the mantissa of 2^23, minus
@@ -252,7 +236,7 @@ def _quantized_gemv_kernel(
     stride_xm, stride_wn, stride_sn, stride_om,
     INT4: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP: tl.constexpr, UNPACK: tl.constexpr, SPLIT: tl.constexpr, EVEN: tl.constexpr, DEFER_SUM: tl.constexpr,
-    NUM_STAGES: tl.constexpr, TILED: tl.constexpr, PDL: tl.constexpr = False, PREFETCH_K: tl.constexpr = 0,
+    NUM_STAGES: tl.constexpr, TILED: tl.constexpr,
 ):
     """One program: output rows [pid_n * BLOCK_N, +BLOCK_N) for the ``ROWS`` (1-4) rows of x, over its slice of K.
 
@@ -290,10 +274,6 @@ def _quantized_gemv_kernel(
     acc1 = acc0
     acc2 = acc0
     acc3 = acc0
-    if PDL:  # the kernel before may still be running: weights only (never written) until it has finished
-        if PREFETCH_K > 0:
-            _prefetch_tiles_l2(w_ptr, cols, N, K, k_start, tl.minimum(PREFETCH_K, k_end - k_start), WIDTH, GROUP)
-        tl.extra.cuda.gdc_wait()
     for k0 in tl.range(k_start, k_end, BLOCK_K, num_stages=NUM_STAGES):
         k0 = tl.multiple_of(k0, BLOCK_K)  # k_per_split is whole steps: 16-byte loads need the compiler to know
         if INT4:
@@ -360,8 +340,6 @@ def _quantized_gemv_kernel(
             if ROWS > 3:
                 x = _load_x(x_row + 3 * stride_xm, x_ok).to(tl.float32)
                 acc3 = _fold(acc3, w * x[None, :], DEFER_SUM)
-    if PDL:  # every weight is read: the next kernel may be scheduled (and start on its own weights)
-        tl.extra.cuda.gdc_launch_dependents()
     if INT4:  # the groups' scales are in the sums already; SUBNORMAL's products are in units of 2^-85
         row_scale = UNIT_DOWN if UNPACK == SUBNORMAL else 1.0
     else:  # int8: one scale per row of W
@@ -619,24 +597,15 @@ def _gemv(x, qweight, scales, m, n, k, int4, config, split_k) -> torch.Tensor:
         qweight = qweight.view(torch.int32)
     width = GROUP_SIZE // 8 if words else GROUP_SIZE // 2 if int4 else config.block_k  # elements a row load reads
     per_thread = m * config.block_n * width // (32 * config.num_warps)  # the deferred sums' registers
-    pdl_launch = {}
-    if config.pdl and supports_pdl(x.device):
-        prefetch = config.prefetch_k if words and qweight.dim() == 4 and even else 0
-        pdl_launch = {"PDL": True, "PREFETCH_K": prefetch, "launch_pdl": True}
     _quantized_gemv_kernel[(triton.cdiv(n, config.block_n), split_k)](
         x, qweight, scales, out, partial_sums, counters, n, k, k_per_split,
         x.stride(0), qweight.stride(0), scales.stride(0), out.stride(0),
         INT4=int4, ROWS=m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP=GROUP_SIZE,
         UNPACK=UNPACK_MODES.index(config.unpack), SPLIT=split_k > 1, EVEN=even,
         DEFER_SUM=config.defer_sum and per_thread <= MAX_DEFERRED_PER_THREAD,
-        NUM_STAGES=config.num_stages, TILED=qweight.dim() == 4, num_warps=config.num_warps, **pdl_launch,
+        NUM_STAGES=config.num_stages, TILED=qweight.dim() == 4, num_warps=config.num_warps,
     )
     return out
-
-
-def supports_pdl(device: torch.device) -> bool:
-    """Programmatic dependent launch: compiled kernels on a Hopper (sm_90) or later GPU."""
-    return not runs_interpreted(device) and torch.cuda.get_device_capability(device)[0] >= 9
 
 
 _COUNTERS: dict[torch.device, torch.Tensor] = {}
