@@ -11,6 +11,7 @@ CUDA graph, five ways (interleaved rounds, median of replays per round):
                        (an atomic arrival, then spinning on the count): the order a decode step needs, in one launch
     persistent-181     the same with one more barrier per layer (attention's place): 5 a layer, as a whole-step
                        persistent kernel would have (norm + q/k/v | attention | o_proj | norm + gate_up + SiLU | down)
+    ...-1x16           one program of 16 warps an SM instead of 4 of 4: a quarter of the arrivals at each barrier
     ...-pfN            (call 49) before arriving at each barrier, every program asks L2 for the first N KiB of its
                        share of the next matmul (weights do not depend on the barrier: only x does)
 
@@ -153,12 +154,12 @@ def main(out: str) -> None:
         _stream_kernel[(triton.cdiv(flat.numel(), iters * BLOCK),)](flat, x_words, sink, flat.numel(), iters,
                                                                    STAGES=STAGES, BLOCK=BLOCK, num_warps=WARPS)
 
-    def persistent(bounds, prefetch=0):
+    def persistent(bounds, prefetch=0, per_sm=PROGRAMS_PER_SM, warps=WARPS):
         def run():
             counter.zero_()
-            _persistent_kernel[(programs,)](flat, x_words, sink, bounds, counter, bounds.numel() - 1,
-                                            STAGES=STAGES, BLOCK=BLOCK, PREFETCH=prefetch, LANES=32 * WARPS,
-                                            num_warps=WARPS)
+            _persistent_kernel[(sms * per_sm,)](flat, x_words, sink, bounds, counter, bounds.numel() - 1,
+                                                STAGES=STAGES, BLOCK=BLOCK, PREFETCH=prefetch, LANES=32 * warps,
+                                                num_warps=warps)
         return run
 
     fns = {"cublas-bf16": lambda: matmuls(bf16, lambda h, w: torch.nn.functional.linear(h, w)),
@@ -168,6 +169,9 @@ def main(out: str) -> None:
     for kib in PREFETCH_KIB:  # call 49: the next matmul's first bytes asked of L2 before each barrier
         fns[f"persistent-145-pf{kib}"] = persistent(bounds145, kib * 1024)
         fns[f"persistent-181-pf{kib}"] = persistent(bounds181, kib * 1024)
+    # one program of 16 warps an SM: a quarter of the arrivals on the counter, the same warps an SM
+    fns["persistent-181-1x16"] = persistent(bounds181, 0, 1, 16)
+    fns["persistent-181-1x16-pf64"] = persistent(bounds181, 64 * 1024, 1, 16)
     result = {"name": "persistent_floor", "env": environment("cuda"), "matmuls": len(shapes), "programs": programs,
               "launch": f"{PROGRAMS_PER_SM} programs/SM x {WARPS} warps x {STAGES} stages",
               "bytes": {"bf16": sum(2 * n * k for n, k in shapes), "int4": 4 * sum(counts)}, "errors": {}}
