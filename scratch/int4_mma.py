@@ -25,7 +25,9 @@ from __future__ import annotations
 import itertools
 import json
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 
 import torch
@@ -335,150 +337,170 @@ def median_ms(graph, replays=20):
     return statistics.median(times)
 
 
-def main(path: str) -> None:
-    from benchmarks.env import environment
-    from milestones.m13_quantization.matmul_kernels import quantized_matmul, quantized_matmul_reference
-    from milestones.m13_quantization.quantize import tile_int4
+def _fresh(dev, n, k):
+    packed = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, device=dev)
+    scales = torch.rand(n, k // 128, device=dev) * 0.01 + 0.001
+    return packed, scales
 
-    began = time.perf_counter()
+
+def check() -> dict:
+    """Every shape at 1, 2, 4 and 8 rows against the float reference (m13's definition, on its packed rows)."""
+    from milestones.m13_quantization.matmul_kernels import quantized_matmul_reference
+
     dev = torch.device("cuda")
-    torch.manual_seed(0)
-    result = {"name": "int4_mma", "env": environment("cuda"), "errors": {}, "check": {}, "shapes": {}}
-
-    def fresh(n, k):
-        packed = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, device=dev)
-        scales = torch.rand(n, k // 128, device=dev) * 0.01 + 0.001
-        return packed, scales
-
-    # 1. correctness: every shape at 1, 2, 4 and 8 rows, and against m13's GEMV on the same weights
+    errors = {}
     for name, (n, k) in SHAPES.items():
-        packed, scales = fresh(n, k)
+        packed, scales = _fresh(dev, n, k)
         words, ms = mma_words(nibbles_from_packed(packed)), mma_scales(scales)
         for m in (1, 2, 4, 8):
             x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
             ref = quantized_matmul_reference(x.float(), packed, scales, "int4")
-            for warps, split, blocks in ((2, 1, 2), (1, 4, 2), (4, 2, 4), (1, 1, 4)):
+            for warps, split, blocks in ((2, 1, 2), (1, 4, 2), (4, 2, 4), (1, 1, 4), (2, 16, 4)):
                 if n % (16 * blocks * warps) or (k // 128) % split:
                     continue
-                try:
-                    got = int4_mma_matmul(x, words, ms, n, warps=warps, split=split, blocks=blocks).float()
-                    err = ((got - ref).norm() / ref.norm()).item()
-                except Exception as error:  # noqa: BLE001 - reported, the call goes on
-                    err = f"{type(error).__name__}: {error}"
-                result["check"][f"{name} M={m} warps={warps} split={split} blocks={blocks}"] = err
-                print(f"check {name} M={m} warps={warps} split={split} blocks={blocks}: {err}", flush=True)
-    bad = [key for key, e in result["check"].items() if not isinstance(e, float) or e > 2e-2]
-    result["check_ok"] = not bad
-    if bad:
-        print("correctness failed:", bad, flush=True)
+                got = int4_mma_matmul(x, words, ms, n, warps=warps, split=split, blocks=blocks).float()
+                errors[f"{name} M={m} warps={warps} split={split} blocks={blocks}"] = ((got - ref).norm()
+                                                                                       / ref.norm()).item()
+    worst = max(errors.values())
+    print(f"check: {len(errors)} launches, worst relative error {worst:.2e}", flush=True)
+    return {"errors": errors, "worst": worst, "ok": worst < 2e-2}
 
-    # 2. per shape: every launch, 20 launches (distinct weights) a graph, interleaved with m13's GEMV
-    copies = 20
-    for name, (n, k) in SHAPES.items():
-        reps = max(2, min(copies, int(2e9 // (n * k // 2))))
-        weights = [fresh(n, k) for _ in range(reps)]
-        m13_w = [(tile_int4(p), s) for p, s in weights]
-        mma_w = [(mma_words(nibbles_from_packed(p)), mma_scales(s)) for p, s in weights]
-        del weights
-        x = torch.randn(1, k, device=dev, dtype=torch.bfloat16)
-        graphs = {"m13": graphed(lambda: [quantized_matmul(x, w, s, "int4") for w, s in m13_w])}
-        configs = {}
-        for warps, blocks, split, stages in itertools.product(WARPS, BLOCKS, SPLITS, STAGES):
-            if n % (16 * blocks * warps) or (k // 128) % split:
-                continue
-            label = f"w{warps} b{blocks} s{split} st{stages}"
-            configs[label] = (warps, split, stages, blocks)
-            try:
-                parts = [torch.empty((split, 1, n), dtype=torch.float32, device=dev) for _ in mma_w]
-                counters = torch.zeros(n // (16 * blocks * warps), dtype=torch.int32, device=dev)
-                outs = [torch.empty((1, n), dtype=torch.bfloat16, device=dev) for _ in mma_w]
-                graphs[label] = graphed(lambda warps=warps, split=split, stages=stages, blocks=blocks, parts=parts,
-                                        outs=outs, counters=counters: [int4_mma_matmul(
-                                            x, w, s, n, warps=warps, split=split, stages=stages, blocks=blocks,
-                                            part=p, counters=counters, out=o)
-                                            for (w, s), p, o in zip(mma_w, parts, outs)])
-            except Exception as error:  # noqa: BLE001
-                result["errors"][f"{name} {label}"] = f"{type(error).__name__}: {error}"[:500]
-                print(f"{name} {label}: {result['errors'][f'{name} {label}']}", flush=True)
-        times = {label: [] for label in graphs}
-        for _ in range(3):
-            for label, graph in graphs.items():
-                times[label].append(median_ms(graph, 10) / reps * 1e3)
-        us = {label: statistics.median(v) for label, v in times.items()}
-        best = min((v, label) for label, v in us.items() if label != "m13")
-        nbytes = n * k // 2 + n * (k // 128) * 4
-        result["shapes"][name] = {"n": n, "k": k, "bytes": nbytes, "us": us, "best": configs[best[1]],
-                                  "best_tb_per_s": nbytes / best[0] / 1e6, "m13_tb_per_s": nbytes / us["m13"] / 1e6}
-        print(f"{name}: m13 {us['m13']:.1f} us ({nbytes / us['m13'] / 1e6:.2f} TB/s), best mma {best[1]} "
-              f"{best[0]:.1f} us ({nbytes / best[0] / 1e6:.2f} TB/s)", flush=True)
-        # the same best launch at 2, 4 and 8 rows of x, against m13 at those rows (its GEMV, then its tl.dot)
-        warps, split, stages, blocks = configs[best[1]]
-        rows_us = {}
-        for m in (2, 4, 8):
-            xm = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
-            parts = [torch.empty((split, m, n), dtype=torch.float32, device=dev) for _ in mma_w]
-            counters = torch.zeros(n // (16 * blocks * warps), dtype=torch.int32, device=dev)
-            pair = {"m13": graphed(lambda: [quantized_matmul(xm, w, s, "int4") for w, s in m13_w]),
-                    "mma": graphed(lambda: [int4_mma_matmul(xm, w, s, n, warps=warps, split=split, stages=stages,
-                                                            blocks=blocks, part=p, counters=counters)
-                                            for (w, s), p in zip(mma_w, parts)])}
-            rows_us[m] = {label: statistics.median([median_ms(gr, 10) / reps * 1e3 for _ in range(3)])
-                          for label, gr in pair.items()}
-            print(f"  {name} M={m}: m13 {rows_us[m]['m13']:.1f} us, mma {rows_us[m]['mma']:.1f} us", flush=True)
-        result["shapes"][name]["rows_us"] = rows_us
-        del graphs, m13_w, mma_w
-        torch.cuda.empty_cache()
 
-    # 3. the step's 145 matmuls chained in one graph: cuBLAS bf16, m13's GEMVs, the best mma launch per shape
-    chain = [s for _ in range(36) for s in LAYER] + [HEAD]
+def sweep(name: str) -> dict:
+    """One shape: every launch, 20 launches (distinct weights) a graph, interleaved with m13's GEMV."""
+    from milestones.m13_quantization.matmul_kernels import quantized_matmul
+    from milestones.m13_quantization.quantize import tile_int4
+
+    dev = torch.device("cuda")
+    n, k = SHAPES[name]
+    reps = max(2, min(20, int(2e9 // (n * k // 2))))
+    weights = [_fresh(dev, n, k) for _ in range(reps)]
+    m13_w = [(tile_int4(p), s) for p, s in weights]
+    mma_w = [(mma_words(nibbles_from_packed(p)), mma_scales(s)) for p, s in weights]
+    del weights
+    x = torch.randn(1, k, device=dev, dtype=torch.bfloat16)
+    keep = []  # every buffer a captured graph writes, alive as long as the graphs
+
+    def mma_graph(xm, warps, split, stages, blocks):
+        m = xm.shape[0]
+        parts = [torch.empty((split, m, n), dtype=torch.float32, device=dev) for _ in mma_w]
+        counters = torch.zeros(n // (16 * blocks * warps), dtype=torch.int32, device=dev)
+        outs = [torch.empty((m, n), dtype=torch.bfloat16, device=dev) for _ in mma_w]
+        keep.append((parts, counters, outs))
+        graph = graphed(lambda: [int4_mma_matmul(xm, w, s, n, warps=warps, split=split, stages=stages,
+                                                 blocks=blocks, part=p, counters=counters, out=o)
+                                 for (w, s), p, o in zip(mma_w, parts, outs)])
+        graph.replay()
+        torch.cuda.synchronize()
+        return graph
+
+    graphs = {"m13": graphed(lambda: [quantized_matmul(x, w, s, "int4") for w, s in m13_w])}
+    configs = {}
+    for warps, blocks, split, stages in itertools.product(WARPS, BLOCKS, SPLITS, STAGES):
+        if n % (16 * blocks * warps) or (k // 128) % split:
+            continue
+        label = f"w{warps} b{blocks} s{split} st{stages}"
+        print(f"  {name} {label}", flush=True)
+        configs[label] = (warps, split, stages, blocks)
+        graphs[label] = mma_graph(x, warps, split, stages, blocks)
+    times = {label: [] for label in graphs}
+    for _ in range(3):
+        for label, graph in graphs.items():
+            times[label].append(median_ms(graph, 10) / reps * 1e3)
+    us = {label: statistics.median(v) for label, v in times.items()}
+    best = min((v, label) for label, v in us.items() if label != "m13")
+    nbytes = n * k // 2 + n * (k // 128) * 4
+    result = {"n": n, "k": k, "bytes": nbytes, "reps": reps, "us": us, "best": configs[best[1]],
+              "best_label": best[1], "best_tb_per_s": nbytes / best[0] / 1e6, "m13_tb_per_s": nbytes / us["m13"] / 1e6}
+    print(f"{name}: m13 {us['m13']:.1f} us ({nbytes / us['m13'] / 1e6:.2f} TB/s), best mma {best[1]} "
+          f"{best[0]:.1f} us ({nbytes / best[0] / 1e6:.2f} TB/s)", flush=True)
+    # the best launch at 2, 4 and 8 rows of x, against m13 at those rows (its GEMV, then its tl.dot)
+    warps, split, stages, blocks = configs[best[1]]
+    result["rows_us"] = {}
+    for m in (2, 4, 8):
+        xm = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
+        pair = {"m13": graphed(lambda: [quantized_matmul(xm, w, s, "int4") for w, s in m13_w]),
+                "mma": mma_graph(xm, warps, split, stages, blocks)}
+        result["rows_us"][m] = {label: statistics.median([median_ms(gr, 10) / reps * 1e3 for _ in range(3)])
+                                for label, gr in pair.items()}
+        print(f"  {name} M={m}: m13 {result['rows_us'][m]['m13']:.1f} us, mma {result['rows_us'][m]['mma']:.1f} us",
+              flush=True)
+    return result
+
+
+def chain(launches: dict) -> dict:
+    """The step's 145 matmuls chained in one graph: cuBLAS bf16, m13's GEMVs, the mma kernel (a launch per shape)."""
+    from milestones.m13_quantization.matmul_kernels import quantized_matmul
+    from milestones.m13_quantization.quantize import tile_int4
+
+    dev = torch.device("cuda")
+    shapes = [s for _ in range(36) for s in LAYER] + [HEAD]
     names = [n for _ in range(36) for n in ("qkv", "o", "gate_up", "down")] + ["lm_head"]
-    bf16, m13_w, mma_w = [], [], []
-    for n, k in chain:
-        p, s = fresh(n, k)
+    m13_w, mma_w, bufs = [], [], []
+    for (n, k), name in zip(shapes, names):
+        p, s = _fresh(dev, n, k)
         m13_w.append((tile_int4(p), s))
         mma_w.append((mma_words(nibbles_from_packed(p)), mma_scales(s)))
-    bf16 = [torch.empty(n, k, dtype=torch.bfloat16, device=dev).normal_(0, 0.02) for n, k in chain]
-    x0 = torch.randn(1, 4096, dtype=torch.bfloat16, device=dev)
-    launches = {}
-    for name in SHAPES:
-        launches[name] = tuple(result["shapes"][name]["best"])
-    result["chain_launches"] = launches
-    bufs = []
-    for (n, k), name in zip(chain, names):
         warps, split, stages, blocks = launches[name]
         bufs.append((torch.empty((split, 1, n), dtype=torch.float32, device=dev),
                      torch.zeros(n // (16 * blocks * warps), dtype=torch.int32, device=dev),
                      torch.empty((1, n), dtype=torch.bfloat16, device=dev)))
+    bf16 = [torch.empty(n, k, dtype=torch.bfloat16, device=dev).normal_(0, 0.02) for n, k in shapes]
+    x0 = torch.randn(1, 4096, dtype=torch.bfloat16, device=dev)
+
+    def mma(i, h):
+        warps, split, stages, blocks = launches[names[i]]
+        return int4_mma_matmul(h, mma_w[i][0], mma_w[i][1], shapes[i][0], warps=warps, split=split, stages=stages,
+                               blocks=blocks, part=bufs[i][0], counters=bufs[i][1], out=bufs[i][2])
 
     def run_chain(fn):
         def run():
             h = x0
-            for i, (n, k) in enumerate(chain):
+            for i, (n, k) in enumerate(shapes):
                 h = fn(i, h[:, :k])
         return run
 
     fns = {"cublas-bf16": run_chain(lambda i, h: torch.nn.functional.linear(h, bf16[i])),
            "m13-int4": run_chain(lambda i, h: quantized_matmul(h, m13_w[i][0], m13_w[i][1], "int4")),
-           "mma-int4": run_chain(lambda i, h: int4_mma_matmul(
-               h, mma_w[i][0], mma_w[i][1], chain[i][0], warps=launches[names[i]][0], split=launches[names[i]][1],
-               stages=launches[names[i]][2], blocks=launches[names[i]][3], part=bufs[i][0], counters=bufs[i][1], out=bufs[i][2]))}
-    graphs = {}
-    for label, fn in fns.items():
-        try:
-            graphs[label] = graphed(fn)
-        except Exception as error:  # noqa: BLE001
-            result["errors"][f"chain {label}"] = f"{type(error).__name__}: {error}"[:500]
-            print(f"chain {label}: {result['errors'][f'chain {label}']}", flush=True)
+           "mma-int4": run_chain(mma)}
+    graphs = {label: graphed(fn) for label, fn in fns.items()}
     times = {label: [] for label in graphs}
     for round_ in range(5):
         for label, graph in graphs.items():
             times[label].append(median_ms(graph, 20))
         print(f"round {round_ + 1}: " + ", ".join(f"{n} {t[-1]:.3f}" for n, t in times.items()), flush=True)
-    result["chain_ms"] = times
-    result["chain_summary"] = {label: {"median_ms": statistics.median(v), "min_ms": min(v), "max_ms": max(v)}
-                               for label, v in times.items()}
-    for label, s in result["chain_summary"].items():
+    summary = {label: {"median_ms": statistics.median(v), "min_ms": min(v), "max_ms": max(v)}
+               for label, v in times.items()}
+    for label, s in summary.items():
         print(f"chain {label}: {s['median_ms']:.3f} ms ({s['min_ms']:.3f}-{s['max_ms']:.3f})", flush=True)
+    return {"launches": launches, "ms": times, "summary": summary}
+
+
+def _in_child(args: list[str], timeout: float) -> dict | str:
+    """Run one part in a fresh process (a fault in one launch must not take the others' results with it)."""
+    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
+        path = f.name
+    proc = subprocess.run([sys.executable, __file__, *args, path], timeout=timeout)
+    if proc.returncode:
+        return f"exit {proc.returncode}"
+    with open(path) as f:
+        return json.load(f)
+
+
+def main(path: str) -> None:
+    from benchmarks.env import environment
+
+    began = time.perf_counter()
+    result = {"name": "int4_mma", "env": environment("cuda"), "check": check(), "shapes": {}}
+    default = (2, 1, 3, 4)
+    launches = {}
+    for name in SHAPES:
+        result["shapes"][name] = _in_child(["--sweep", name], 120)
+        ok = isinstance(result["shapes"][name], dict)
+        launches[name] = tuple(result["shapes"][name]["best"]) if ok else default
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(launches, f)
+    result["chain"] = _in_child(["--chain", f.name], 150)
     result["total_s"] = time.perf_counter() - began
     with open(path, "w") as f:
         json.dump(result, f, indent=1, default=str)
@@ -486,4 +508,13 @@ def main(path: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "int4_mma.json")
+    if sys.argv[1] == "--sweep":
+        out = sweep(sys.argv[2])
+    elif sys.argv[1] == "--chain":
+        with open(sys.argv[2]) as f:
+            out = chain({name: tuple(v) for name, v in json.load(f).items()})
+    else:
+        main(sys.argv[1])
+        sys.exit(0)
+    with open(sys.argv[3], "w") as f:
+        json.dump(out, f, indent=1, default=str)
