@@ -11,9 +11,12 @@ CUDA graph, five ways (interleaved rounds, median of replays per round):
                        (an atomic arrival, then spinning on the count): the order a decode step needs, in one launch
     persistent-181     the same with one more barrier per layer (attention's place): 5 a layer, as a whole-step
                        persistent kernel would have (norm + q/k/v | attention | o_proj | norm + gate_up + SiLU | down)
-    ...-1x16           one program of 16 warps an SM instead of 4 of 4: a quarter of the arrivals at each barrier
-    ...-pfN            (call 49) before arriving at each barrier, every program asks L2 for the first N KiB of its
-                       share of the next matmul (weights do not depend on the barrier: only x does)
+    flat-...           (call 51) one loop over every tile of every matmul, each program's loads issued 2 or 3 tiles
+                       ahead into registers, so that the next matmul's first tiles are in flight while it waits at
+                       the barrier (only x depends on the barrier, not the weights); the arrival a release (what a
+                       kernel that stored its outputs needs) or relaxed; and with no barrier (the loop's own rate)
+    (call 49 asked L2 for the next matmul's first 4, 16 or 64 KiB before each barrier, `cp.async.bulk.prefetch`:
+    4.4-5.8 us a barrier, slower than none; and ran one 16-warp program an SM: 9 us. At 2a029c7.)
 
     python3 scratch/persistent_floor.py OUT.json
 """
@@ -38,7 +41,6 @@ LAYER = ((6144, 4096), (4096, 4096), (24576, 4096), (4096, 12288))
 HEAD = (151936, 4096)
 BLOCK = 1024  # int32 words a program reads per loop step (4 KiB)
 PROGRAMS_PER_SM, WARPS, STAGES = 4, 4, 3  # call 27's best stream launch
-PREFETCH_KIB = (4, 16, 64)  # per program: x 528 programs = 2, 8.4 and 34 MB asked ahead of each barrier
 
 
 def int4_words(n: int, k: int) -> int:
@@ -97,6 +99,89 @@ def _persistent_kernel(w_ptr, x_ptr, out_ptr, bounds_ptr, count_ptr, segments, S
             arrived = tl.atomic_add(count_ptr, 0, sem="acquire")  # resident ends (timed wrong) instead of hanging
             spins += 1
         tl.debug_barrier()
+    tl.store(out_ptr + pid, tl.sum(acc))
+
+
+@triton.jit
+def _tile(bounds_ptr, s, i, segments, pid, programs, BLOCK: tl.constexpr):
+    """Where tile ``i`` of this program's share of segment ``s`` starts, the segment's end (a mask) and how many
+    tiles the share has (at least one, so that an empty segment still marks its barrier). Past the last segment:
+    an empty tile."""
+    sc = tl.minimum(s, segments - 1)
+    start = tl.load(bounds_ptr + sc)
+    end = tl.where(s < segments, tl.load(bounds_ptr + sc + 1), 0)
+    iters = tl.maximum(tl.cdiv(end - start, programs * BLOCK), 1).to(tl.int32)
+    return start + (pid * iters + i) * BLOCK, end, iters
+
+
+@triton.jit
+def _next(s, i, iters, bounds_ptr, segments, pid, programs, BLOCK: tl.constexpr):
+    i += 1
+    if i == iters:
+        s += 1
+        i = 0
+    return s, i
+
+
+@triton.jit
+def _flat_kernel(w_ptr, x_ptr, out_ptr, bounds_ptr, count_ptr, segments, BLOCK: tl.constexpr,
+                 DEPTH: tl.constexpr, RELEASE: tl.constexpr, BARRIERS: tl.constexpr):
+    """(call 51) Every tile of every segment in one loop, loads issued ``DEPTH`` tiles ahead into registers (no
+    software pipeliner: the loop holds a barrier), so the next segment's first tiles are in flight while the
+    program waits at the barrier before using them. ``RELEASE``: the arrival is a release (as a kernel that
+    stored its outputs needs: it may wait for the loads in flight), else relaxed."""
+    pid = tl.program_id(0)
+    programs = tl.num_programs(0)
+    offs = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs).to(tl.float32)
+    acc = tl.zeros([BLOCK], tl.float32)
+    total = 0
+    for s in range(segments):
+        _, _, iters = _tile(bounds_ptr, s, 0, segments, pid, programs, BLOCK)
+        total += iters
+    ls = 0  # the load cursor: segment, tile
+    li = 0
+    base, end, iters = _tile(bounds_ptr, ls, li, segments, pid, programs, BLOCK)
+    w0 = tl.load(w_ptr + base + offs, mask=base + offs < end, other=0)
+    ls, li = _next(ls, li, iters, bounds_ptr, segments, pid, programs, BLOCK)
+    base, end, iters = _tile(bounds_ptr, ls, li, segments, pid, programs, BLOCK)
+    w1 = tl.load(w_ptr + base + offs, mask=base + offs < end, other=0)
+    ls, li = _next(ls, li, iters, bounds_ptr, segments, pid, programs, BLOCK)
+    w2 = w1
+    if DEPTH == 3:
+        base, end, iters = _tile(bounds_ptr, ls, li, segments, pid, programs, BLOCK)
+        w2 = tl.load(w_ptr + base + offs, mask=base + offs < end, other=0)
+        ls, li = _next(ls, li, iters, bounds_ptr, segments, pid, programs, BLOCK)
+    cs = 0  # the compute cursor
+    ci = 0
+    _, _, c_iters = _tile(bounds_ptr, cs, ci, segments, pid, programs, BLOCK)
+    for step in tl.range(0, total, num_stages=1):
+        base, end, iters = _tile(bounds_ptr, ls, li, segments, pid, programs, BLOCK)
+        wn = tl.load(w_ptr + base + offs, mask=base + offs < end, other=0)
+        ls, li = _next(ls, li, iters, bounds_ptr, segments, pid, programs, BLOCK)
+        if BARRIERS:
+            if (ci == 0) & (cs > 0):  # segment cs - 1 must be done by every program before cs uses its output
+                tl.debug_barrier()
+                if RELEASE:
+                    tl.atomic_add(count_ptr, 1, sem="release")
+                else:
+                    tl.atomic_add(count_ptr, 1, sem="relaxed")
+                target = cs * programs
+                arrived = tl.atomic_add(count_ptr, 0, sem="acquire")
+                spins = 0
+                while (arrived < target) & (spins < 4194304):
+                    arrived = tl.atomic_add(count_ptr, 0, sem="acquire")
+                    spins += 1
+                tl.debug_barrier()
+        acc += w0.to(tl.float32, bitcast=True) * x
+        w0 = w1
+        if DEPTH == 3:
+            w1 = w2
+            w2 = wn
+        else:
+            w1 = wn
+        cs, ci = _next(cs, ci, c_iters, bounds_ptr, segments, pid, programs, BLOCK)
+        _, _, c_iters = _tile(bounds_ptr, cs, ci, segments, pid, programs, BLOCK)
     tl.store(out_ptr + pid, tl.sum(acc))
 
 
@@ -166,12 +251,20 @@ def main(out: str) -> None:
            "m13-int4": lambda: matmuls(int4, lambda h, w: quantized_matmul(h, w[0], w[1], "int4")),
            "stream-each": stream_each, "stream-one": stream_one,
            "persistent-145": persistent(bounds145), "persistent-181": persistent(bounds181)}
-    for kib in PREFETCH_KIB:  # call 49: the next matmul's first bytes asked of L2 before each barrier
-        fns[f"persistent-145-pf{kib}"] = persistent(bounds145, kib * 1024)
-        fns[f"persistent-181-pf{kib}"] = persistent(bounds181, kib * 1024)
-    # one program of 16 warps an SM: a quarter of the arrivals on the counter, the same warps an SM
-    fns["persistent-181-1x16"] = persistent(bounds181, 0, 1, 16)
-    fns["persistent-181-1x16-pf64"] = persistent(bounds181, 64 * 1024, 1, 16)
+
+    def flat_loop(bounds, depth, release, barriers=True):
+        def run():
+            counter.zero_()
+            _flat_kernel[(programs,)](flat, x_words, sink, bounds, counter, bounds.numel() - 1, BLOCK=BLOCK,
+                                      DEPTH=depth, RELEASE=release, BARRIERS=barriers, num_warps=WARPS)
+        return run
+
+    # call 51: one loop over every tile, loads in registers 2 or 3 tiles ahead, across the barriers
+    for depth in (2, 3):
+        fns[f"flat-nobarrier-d{depth}"] = flat_loop(bounds181, depth, True, False)
+        fns[f"flat-181-d{depth}-release"] = flat_loop(bounds181, depth, True)
+        fns[f"flat-181-d{depth}-relaxed"] = flat_loop(bounds181, depth, False)
+    fns["flat-145-d3-relaxed"] = flat_loop(bounds145, 3, False)
     result = {"name": "persistent_floor", "env": environment("cuda"), "matmuls": len(shapes), "programs": programs,
               "launch": f"{PROGRAMS_PER_SM} programs/SM x {WARPS} warps x {STAGES} stages",
               "bytes": {"bf16": sum(2 * n * k for n, k in shapes), "int4": 4 * sum(counts)}, "errors": {}}
@@ -194,7 +287,7 @@ def main(out: str) -> None:
     for name, values in times.items():
         median = statistics.median(values)
         nbytes = result["bytes"]["bf16" if name.startswith("cublas") else "int4"]
-        barriers = 145 if name.startswith("persistent-145") else 181 if name.startswith("persistent-181") else None
+        barriers = 145 if "-145" in name else 181 if "-181" in name else None
         result["summary"][name] = {"median_ms": median, "min_ms": min(values), "max_ms": max(values),
                                    "tb_per_s": nbytes / median / 1e9,
                                    "us_per_barrier": (median - one) / barriers * 1e3 if barriers else None}
