@@ -17,6 +17,9 @@ kernel that only streams the same bytes reaches 4.5. Triton's own tensor-core pa
 
 About 7 integer instructions and 1.25 mma per 4 bytes, against the words kernel's ~29 (its loop, 7.2 a byte).
 
+Call 50 timed ``_int4_mma_kernel`` (K in slices across programs, as m13's GEMV, finished by the last program) at
+8d20ea9; call 52 ``_int4_mma_warps_kernel``, whose warps split K inside one program.
+
     python3 scratch/int4_mma.py OUT.json      (on a GPU; the repository root on PYTHONPATH)
 """
 
@@ -39,19 +42,22 @@ MAGIC = "0x43004300"  # bf16 128.0 in both halves: | u gives 128 + u (u < 16)
 CORRECTION = "0x43084308"  # bf16 136.0 = 128 + 8 in both halves
 
 
-def _chunk_asm(correction: bool) -> tuple[str, str]:
-    """One 64-input chunk of two 16-row blocks (P, Q): 4 k16 steps, each an mma per block (and, with
+def _chunk_asm(correction: bool, blocks: int = 2) -> tuple[str, str]:
+    """One 64-input chunk of one or two 16-row blocks (P, Q): 4 k16 steps, each an mma per block (and, with
     ``correction``, one with A = 136 everywhere: 136 * sum(x)). Outputs: P's, Q's (and the correction's)
     accumulators, 4 floats each (rows g, g + 8 x columns 2t, 2t + 1). Inputs: P's words (steps 0|1, 2|3 as two
     int64), Q's, x (step j: low half the B fragment's first register, high half its second), the accumulators."""
-    outs = 12 if correction else 8
-    w0, x0, c0 = outs, outs + 4, outs + 8
+    outs = 4 * (blocks + correction)
+    w0, x0 = outs, outs + 2 * blocks
+    c0 = x0 + 4
     lines = ["{", ".reg .b32 w<8>, xa<4>, xb<4>, a<4>, t, m, mg, kc;", ".reg .f32 dA<4>, dB<4>, dC<4>;",
              f"mov.b32 m, {MASK};", f"mov.b32 mg, {MAGIC};", f"mov.b32 kc, {CORRECTION};"]
-    lines += [f"mov.b64 {{w{2 * i}, w{2 * i + 1}}}, ${w0 + i};" for i in range(4)]
+    lines += [f"mov.b64 {{w{2 * i}, w{2 * i + 1}}}, ${w0 + i};" for i in range(2 * blocks)]
     lines += [f"mov.b64 {{xa{j}, xb{j}}}, ${x0 + j};" for j in range(4)]
     mma = "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"
-    accs = (("dA", 0, c0), ("dB", 4, c0 + 4)) + ((("dC", None, c0 + 8),) if correction else ())
+    accs = (("dA", 0, c0), ("dB", 4, c0 + 4))[:blocks]
+    if correction:
+        accs += (("dC", None, c0 + 4 * blocks),)
     for j in range(4):
         for acc, first_word, before in accs:
             c = ", ".join(f"${before + i}" for i in range(4)) if j == 0 else ", ".join(f"{acc}{i}" for i in range(4))
@@ -68,10 +74,11 @@ def _chunk_asm(correction: bool) -> tuple[str, str]:
     for i, (acc, _, _) in enumerate(a for a in accs for _ in range(4)):
         lines.append(f"mov.f32 ${i}, {acc}{i % 4};")
     lines.append("}")
-    constraints = ",".join(["=f"] * outs + ["l"] * 8 + ["f"] * outs)
+    constraints = ",".join(["=f"] * outs + ["l"] * (2 * blocks + 4) + ["f"] * outs)
     return "\n".join(lines), constraints
 
 
+ASM_ONE, CONSTRAINTS_ONE = (tl.constexpr(v) for v in _chunk_asm(True, blocks=1))
 ASM_CORRECTION, CONSTRAINTS_CORRECTION = (tl.constexpr(v) for v in _chunk_asm(True))
 ASM_PLAIN, CONSTRAINTS_PLAIN = (tl.constexpr(v) for v in _chunk_asm(False))
 
@@ -257,6 +264,152 @@ def _int4_mma_kernel(x_ptr, w_ptr, s_ptr, out_ptr, part_ptr, count_ptr, M, N, K,
             tl.atomic_xchg(count_ptr + pid_n, 0, sem="relaxed")
 
 
+@triton.jit
+def _chunk_one(p01, p23, x0, x1, x2, x3, cP0, cP1, cP2, cP3, cC0, cC1, cC2, cC3):
+    return tl.inline_asm_elementwise(ASM_ONE, CONSTRAINTS_ONE,
+                                     [p01, p23, x0, x1, x2, x3, cP0, cP1, cP2, cP3, cC0, cC1, cC2, cC3],
+                                     dtype=(tl.float32,) * 8, is_pure=True, pack=1)
+
+
+@triton.jit
+def _across_warps(v, WARPS: tl.constexpr):
+    """[32 * WARPS] (element r: lane r % 32 of warp r // 32) -> [32]: each lane's values summed over the warps."""
+    if WARPS > 1:
+        v = tl.sum(tl.reshape(v, [WARPS, 32]), axis=0)
+    return v
+
+
+@triton.jit
+def _store_block(out_ptr, stride_om, M, row, t, a0, a1, a2, a3, WARPS: tl.constexpr):
+    ty = out_ptr.dtype.element_ty
+    _store4(out_ptr, stride_om, M, row, t, _across_warps(a0, WARPS).to(ty), _across_warps(a1, WARPS).to(ty),
+            _across_warps(a2, WARPS).to(ty), _across_warps(a3, WARPS).to(ty))
+
+
+@triton.jit
+def _int4_mma_warps_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, stride_xm, stride_om, WARPS: tl.constexpr,
+                           BLOCKS: tl.constexpr, STAGES: tl.constexpr):
+    """(call 52) K split inside a program: its ``WARPS`` warps share the same ``BLOCKS`` (1, 2 or 4) 16-row blocks,
+    warp w taking groups [w G / WARPS, (w + 1) G / WARPS); their sums are added through shared memory at the end
+    (``tl.sum`` across the warp axis). No slices of K across programs: no partial sums in memory, no counter, no
+    program that finishes the others' work."""
+    pid = tl.program_id(0)
+    r = tl.arange(0, 32 * WARPS)
+    lane = r % 32
+    g = lane // 4
+    t = lane % 4
+    blk = (pid * BLOCKS).to(tl.int64)
+    chunks = K // 64
+    groups = K // 128
+    per_warp = groups // WARPS
+    first = (r // 32) * per_warp  # this warp's first group
+    w_blk = chunks * 64
+    wp = w_ptr + blk * w_blk + lane * 2
+    x_ok = g < M
+    xp = x_ptr + g * stride_xm + t * 4
+    s_blk = groups * 16
+    sp = s_ptr + blk * s_blk + 2 * g
+    zero = tl.zeros([32 * WARPS], tl.float32)
+    aP0 = zero
+    aP1 = zero
+    aP2 = zero
+    aP3 = zero
+    aQ0 = zero
+    aQ1 = zero
+    aQ2 = zero
+    aQ3 = zero
+    aR0 = zero
+    aR1 = zero
+    aR2 = zero
+    aR3 = zero
+    aS0 = zero
+    aS1 = zero
+    aS2 = zero
+    aS3 = zero
+    for it in tl.range(0, per_warp, num_stages=STAGES):
+        grp = first + it
+        cP0 = zero
+        cP1 = zero
+        cP2 = zero
+        cP3 = zero
+        cQ0 = zero
+        cQ1 = zero
+        cQ2 = zero
+        cQ3 = zero
+        cR0 = zero
+        cR1 = zero
+        cR2 = zero
+        cR3 = zero
+        cS0 = zero
+        cS1 = zero
+        cS2 = zero
+        cS3 = zero
+        cC0 = zero
+        cC1 = zero
+        cC2 = zero
+        cC3 = zero
+        for h in tl.static_range(2):
+            c = 2 * grp + h
+            x0, x1 = _pairs(xp + c * 16, x_ok)
+            x2, x3 = _pairs(xp + c * 16 + 2, x_ok)
+            p01, p23 = _pairs(wp + c * 64)
+            if BLOCKS == 1:
+                cP0, cP1, cP2, cP3, cC0, cC1, cC2, cC3 = _chunk_one(
+                    p01, p23, x0, x1, x2, x3, cP0, cP1, cP2, cP3, cC0, cC1, cC2, cC3)
+            else:
+                q01, q23 = _pairs(wp + w_blk + c * 64)
+                cP0, cP1, cP2, cP3, cQ0, cQ1, cQ2, cQ3, cC0, cC1, cC2, cC3 = _chunk_with_correction(
+                    p01, p23, q01, q23, x0, x1, x2, x3, cP0, cP1, cP2, cP3, cQ0, cQ1, cQ2, cQ3, cC0, cC1, cC2, cC3)
+            if BLOCKS == 4:
+                r01, r23 = _pairs(wp + 2 * w_blk + c * 64)
+                s01, s23 = _pairs(wp + 3 * w_blk + c * 64)
+                cR0, cR1, cR2, cR3, cS0, cS1, cS2, cS3 = _chunk_plain(
+                    r01, r23, s01, s23, x0, x1, x2, x3, cR0, cR1, cR2, cR3, cS0, cS1, cS2, cS3)
+        sc_plo, sc_phi = _pairs(sp + grp * 16)
+        aP0 += sc_plo * (cP0 - cC0)
+        aP1 += sc_plo * (cP1 - cC1)
+        aP2 += sc_phi * (cP2 - cC2)
+        aP3 += sc_phi * (cP3 - cC3)
+        if BLOCKS > 1:
+            sc_qlo, sc_qhi = _pairs(sp + s_blk + grp * 16)
+            aQ0 += sc_qlo * (cQ0 - cC0)
+            aQ1 += sc_qlo * (cQ1 - cC1)
+            aQ2 += sc_qhi * (cQ2 - cC2)
+            aQ3 += sc_qhi * (cQ3 - cC3)
+        if BLOCKS == 4:
+            sc_rlo, sc_rhi = _pairs(sp + 2 * s_blk + grp * 16)
+            sc_slo, sc_shi = _pairs(sp + 3 * s_blk + grp * 16)
+            aR0 += sc_rlo * (cR0 - cC0)
+            aR1 += sc_rlo * (cR1 - cC1)
+            aR2 += sc_rhi * (cR2 - cC2)
+            aR3 += sc_rhi * (cR3 - cC3)
+            aS0 += sc_slo * (cS0 - cC0)
+            aS1 += sc_slo * (cS1 - cC1)
+            aS2 += sc_shi * (cS2 - cC2)
+            aS3 += sc_shi * (cS3 - cC3)
+    lanes = tl.arange(0, 32)
+    row = blk * 16 + lanes // 4
+    t32 = lanes % 4
+    _store_block(out_ptr, stride_om, M, row, t32, aP0, aP1, aP2, aP3, WARPS)
+    if BLOCKS > 1:
+        _store_block(out_ptr, stride_om, M, row + 16, t32, aQ0, aQ1, aQ2, aQ3, WARPS)
+    if BLOCKS == 4:
+        _store_block(out_ptr, stride_om, M, row + 32, t32, aR0, aR1, aR2, aR3, WARPS)
+        _store_block(out_ptr, stride_om, M, row + 48, t32, aS0, aS1, aS2, aS3, WARPS)
+
+
+def int4_mma_warps_matmul(x: torch.Tensor, words: torch.Tensor, scales: torch.Tensor, n: int, *, warps: int = 4,
+                          blocks: int = 1, stages: int = 3, out: torch.Tensor | None = None) -> torch.Tensor:
+    m, k = x.shape
+    assert 1 <= m <= 8 and k % 128 == 0 and n % (16 * blocks) == 0 and (k // 128) % warps == 0
+    x64 = x.view(torch.int64)
+    out = x.new_empty((m, n)) if out is None else out
+    _int4_mma_warps_kernel[(n // (16 * blocks),)](
+        x64, words.view(torch.int64), scales, out, m, n, k, x64.stride(0), out.stride(0), WARPS=warps,
+        BLOCKS=blocks, STAGES=stages, num_warps=warps)
+    return out
+
+
 # ----------------------------------------------------------------------------------------------- formats
 
 
@@ -309,10 +462,6 @@ def int4_mma_matmul(x: torch.Tensor, words: torch.Tensor, scales: torch.Tensor, 
 LAYER = ((6144, 4096), (4096, 4096), (24576, 4096), (4096, 12288))
 HEAD = (151936, 4096)
 SHAPES = {"qkv": LAYER[0], "o": LAYER[1], "gate_up": LAYER[2], "down": LAYER[3], "lm_head": HEAD}
-WARPS = (1, 2, 4)
-BLOCKS = (2, 4)
-SPLITS = (1, 2, 4, 8, 16)
-STAGES = (2, 3)
 
 
 def graphed(fn, count=1):
@@ -361,6 +510,12 @@ def check() -> dict:
                 got = int4_mma_matmul(x, words, ms, n, warps=warps, split=split, blocks=blocks).float()
                 errors[f"{name} M={m} warps={warps} split={split} blocks={blocks}"] = ((got - ref).norm()
                                                                                        / ref.norm()).item()
+            for warps, blocks in ((1, 1), (4, 1), (8, 2), (16, 2), (2, 4)):  # call 52: K split across warps
+                if n % (16 * blocks) or (k // 128) % warps:
+                    continue
+                got = int4_mma_warps_matmul(x, words, ms, n, warps=warps, blocks=blocks).float()
+                errors[f"{name} M={m} warps-kernel warps={warps} blocks={blocks}"] = ((got - ref).norm()
+                                                                                      / ref.norm()).item()
     worst = max(errors.values())
     print(f"check: {len(errors)} launches, worst relative error {worst:.2e}", flush=True)
     return {"errors": errors, "worst": worst, "ok": worst < 2e-2}
@@ -381,28 +536,29 @@ def sweep(name: str) -> dict:
     x = torch.randn(1, k, device=dev, dtype=torch.bfloat16)
     keep = []  # every buffer a captured graph writes, alive as long as the graphs
 
-    def mma_graph(xm, warps, split, stages, blocks):
+    def warps_graph(xm, warps, stages, blocks):
         m = xm.shape[0]
-        parts = [torch.empty((split, m, n), dtype=torch.float32, device=dev) for _ in mma_w]
-        counters = torch.zeros(n // (16 * blocks * warps), dtype=torch.int32, device=dev)
         outs = [torch.empty((m, n), dtype=torch.bfloat16, device=dev) for _ in mma_w]
-        keep.append((parts, counters, outs))
-        graph = graphed(lambda: [int4_mma_matmul(xm, w, s, n, warps=warps, split=split, stages=stages,
-                                                 blocks=blocks, part=p, counters=counters, out=o)
-                                 for (w, s), p, o in zip(mma_w, parts, outs)])
+        keep.append(outs)
+        graph = graphed(lambda: [int4_mma_warps_matmul(xm, w, s, n, warps=warps, stages=stages, blocks=blocks,
+                                                       out=o) for (w, s), o in zip(mma_w, outs)])
         graph.replay()
         torch.cuda.synchronize()
         return graph
 
     graphs = {"m13": graphed(lambda: [quantized_matmul(x, w, s, "int4") for w, s in m13_w])}
     configs = {}
-    for warps, blocks, split, stages in itertools.product(WARPS, BLOCKS, SPLITS, STAGES):
-        if n % (16 * blocks * warps) or (k // 128) % split:
+    errors = {}
+    for warps, blocks, stages in itertools.product((1, 2, 4, 8, 16), (1, 2, 4), (2, 3)):
+        if n % (16 * blocks) or (k // 128) % warps:
             continue
-        label = f"w{warps} b{blocks} s{split} st{stages}"
+        label = f"kw{warps} b{blocks} st{stages}"
         print(f"  {name} {label}", flush=True)
-        configs[label] = (warps, split, stages, blocks)
-        graphs[label] = mma_graph(x, warps, split, stages, blocks)
+        try:
+            graphs[label] = warps_graph(x, warps, stages, blocks)
+            configs[label] = (warps, stages, blocks)
+        except Exception as error:  # noqa: BLE001 - a launch that cannot compile (shared memory): reported
+            errors[label] = f"{type(error).__name__}: {error}"[:300]
     times = {label: [] for label in graphs}
     for _ in range(3):
         for label, graph in graphs.items():
@@ -410,17 +566,17 @@ def sweep(name: str) -> dict:
     us = {label: statistics.median(v) for label, v in times.items()}
     best = min((v, label) for label, v in us.items() if label != "m13")
     nbytes = n * k // 2 + n * (k // 128) * 4
-    result = {"n": n, "k": k, "bytes": nbytes, "reps": reps, "us": us, "best": configs[best[1]],
+    result = {"n": n, "k": k, "bytes": nbytes, "reps": reps, "us": us, "best": configs[best[1]], "errors": errors,
               "best_label": best[1], "best_tb_per_s": nbytes / best[0] / 1e6, "m13_tb_per_s": nbytes / us["m13"] / 1e6}
     print(f"{name}: m13 {us['m13']:.1f} us ({nbytes / us['m13'] / 1e6:.2f} TB/s), best mma {best[1]} "
           f"{best[0]:.1f} us ({nbytes / best[0] / 1e6:.2f} TB/s)", flush=True)
     # the best launch at 2, 4 and 8 rows of x, against m13 at those rows (its GEMV, then its tl.dot)
-    warps, split, stages, blocks = configs[best[1]]
+    warps, stages, blocks = configs[best[1]]
     result["rows_us"] = {}
     for m in (2, 4, 8):
         xm = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
         pair = {"m13": graphed(lambda: [quantized_matmul(xm, w, s, "int4") for w, s in m13_w]),
-                "mma": mma_graph(xm, warps, split, stages, blocks)}
+                "mma": warps_graph(xm, warps, stages, blocks)}
         result["rows_us"][m] = {label: statistics.median([median_ms(gr, 10) / reps * 1e3 for _ in range(3)])
                                 for label, gr in pair.items()}
         print(f"  {name} M={m}: m13 {result['rows_us'][m]['m13']:.1f} us, mma {result['rows_us'][m]['mma']:.1f} us",
@@ -441,17 +597,14 @@ def chain(launches: dict) -> dict:
         p, s = _fresh(dev, n, k)
         m13_w.append((tile_int4(p), s))
         mma_w.append((mma_words(nibbles_from_packed(p)), mma_scales(s)))
-        warps, split, stages, blocks = launches[name]
-        bufs.append((torch.empty((split, 1, n), dtype=torch.float32, device=dev),
-                     torch.zeros(n // (16 * blocks * warps), dtype=torch.int32, device=dev),
-                     torch.empty((1, n), dtype=torch.bfloat16, device=dev)))
+        bufs.append(torch.empty((1, n), dtype=torch.bfloat16, device=dev))
     bf16 = [torch.empty(n, k, dtype=torch.bfloat16, device=dev).normal_(0, 0.02) for n, k in shapes]
     x0 = torch.randn(1, 4096, dtype=torch.bfloat16, device=dev)
 
     def mma(i, h):
-        warps, split, stages, blocks = launches[names[i]]
-        return int4_mma_matmul(h, mma_w[i][0], mma_w[i][1], shapes[i][0], warps=warps, split=split, stages=stages,
-                               blocks=blocks, part=bufs[i][0], counters=bufs[i][1], out=bufs[i][2])
+        warps, stages, blocks = launches[names[i]]
+        return int4_mma_warps_matmul(h, mma_w[i][0], mma_w[i][1], shapes[i][0], warps=warps, stages=stages,
+                                     blocks=blocks, out=bufs[i])
 
     def run_chain(fn):
         def run():
@@ -491,8 +644,8 @@ def main(path: str) -> None:
     from benchmarks.env import environment
 
     began = time.perf_counter()
-    result = {"name": "int4_mma", "env": environment("cuda"), "check": check(), "shapes": {}}
-    default = (2, 1, 3, 4)
+    result = {"name": "int4_mma_warps", "env": environment("cuda"), "check": check(), "shapes": {}}
+    default = (4, 3, 1)
     launches = {}
     for name in SHAPES:
         result["shapes"][name] = _in_child(["--sweep", name], 120)
