@@ -288,11 +288,12 @@ def _store_block(out_ptr, stride_om, M, row, t, a0, a1, a2, a3, WARPS: tl.conste
 
 @triton.jit
 def _int4_mma_warps_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, stride_xm, stride_om, WARPS: tl.constexpr,
-                           BLOCKS: tl.constexpr, STAGES: tl.constexpr):
+                           BLOCKS: tl.constexpr, STAGES: tl.constexpr, GROUPED: tl.constexpr = False):
     """(call 52) K split inside a program: its ``WARPS`` warps share the same ``BLOCKS`` (1, 2 or 4) 16-row blocks,
     warp w taking groups [w G / WARPS, (w + 1) G / WARPS); their sums are added through shared memory at the end
     (``tl.sum`` across the warp axis). No slices of K across programs: no partial sums in memory, no counter, no
-    program that finishes the others' work."""
+    program that finishes the others' work. ``GROUPED`` (call 53): the weights of a program's blocks stored chunk by
+    chunk (``mma_words_grouped``), so that each loop step of a warp reads one contiguous piece."""
     pid = tl.program_id(0)
     r = tl.arange(0, 32 * WARPS)
     lane = r % 32
@@ -303,12 +304,20 @@ def _int4_mma_warps_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, stride_xm, str
     groups = K // 128
     per_warp = groups // WARPS
     first = (r // 32) * per_warp  # this warp's first group
-    w_blk = chunks * 64
-    wp = w_ptr + blk * w_blk + lane * 2
+    if GROUPED:  # [N / 16B, K / 64, B, 32, 4] words and [N / 16B, K / 128, B, 8, 2] scales
+        w_blk = 64
+        w_chunk = BLOCKS * 64
+        s_blk = 16
+        s_grp = BLOCKS * 16
+    else:  # [N / 16, K / 64, 32, 4] and [N / 16, K / 128, 8, 2]
+        w_blk = chunks * 64
+        w_chunk = 64
+        s_blk = groups * 16
+        s_grp = 16
+    wp = w_ptr + blk * (chunks * 64) + lane * 2
     x_ok = g < M
     xp = x_ptr + g * stride_xm + t * 4
-    s_blk = groups * 16
-    sp = s_ptr + blk * s_blk + 2 * g
+    sp = s_ptr + blk * (groups * 16) + 2 * g
     zero = tl.zeros([32 * WARPS], tl.float32)
     aP0 = zero
     aP1 = zero
@@ -352,33 +361,33 @@ def _int4_mma_warps_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, stride_xm, str
             c = 2 * grp + h
             x0, x1 = _pairs(xp + c * 16, x_ok)
             x2, x3 = _pairs(xp + c * 16 + 2, x_ok)
-            p01, p23 = _pairs(wp + c * 64)
+            p01, p23 = _pairs(wp + c * w_chunk)
             if BLOCKS == 1:
                 cP0, cP1, cP2, cP3, cC0, cC1, cC2, cC3 = _chunk_one(
                     p01, p23, x0, x1, x2, x3, cP0, cP1, cP2, cP3, cC0, cC1, cC2, cC3)
             else:
-                q01, q23 = _pairs(wp + w_blk + c * 64)
+                q01, q23 = _pairs(wp + w_blk + c * w_chunk)
                 cP0, cP1, cP2, cP3, cQ0, cQ1, cQ2, cQ3, cC0, cC1, cC2, cC3 = _chunk_with_correction(
                     p01, p23, q01, q23, x0, x1, x2, x3, cP0, cP1, cP2, cP3, cQ0, cQ1, cQ2, cQ3, cC0, cC1, cC2, cC3)
             if BLOCKS == 4:
-                r01, r23 = _pairs(wp + 2 * w_blk + c * 64)
-                s01, s23 = _pairs(wp + 3 * w_blk + c * 64)
+                r01, r23 = _pairs(wp + 2 * w_blk + c * w_chunk)
+                s01, s23 = _pairs(wp + 3 * w_blk + c * w_chunk)
                 cR0, cR1, cR2, cR3, cS0, cS1, cS2, cS3 = _chunk_plain(
                     r01, r23, s01, s23, x0, x1, x2, x3, cR0, cR1, cR2, cR3, cS0, cS1, cS2, cS3)
-        sc_plo, sc_phi = _pairs(sp + grp * 16)
+        sc_plo, sc_phi = _pairs(sp + grp * s_grp)
         aP0 += sc_plo * (cP0 - cC0)
         aP1 += sc_plo * (cP1 - cC1)
         aP2 += sc_phi * (cP2 - cC2)
         aP3 += sc_phi * (cP3 - cC3)
         if BLOCKS > 1:
-            sc_qlo, sc_qhi = _pairs(sp + s_blk + grp * 16)
+            sc_qlo, sc_qhi = _pairs(sp + s_blk + grp * s_grp)
             aQ0 += sc_qlo * (cQ0 - cC0)
             aQ1 += sc_qlo * (cQ1 - cC1)
             aQ2 += sc_qhi * (cQ2 - cC2)
             aQ3 += sc_qhi * (cQ3 - cC3)
         if BLOCKS == 4:
-            sc_rlo, sc_rhi = _pairs(sp + 2 * s_blk + grp * 16)
-            sc_slo, sc_shi = _pairs(sp + 3 * s_blk + grp * 16)
+            sc_rlo, sc_rhi = _pairs(sp + 2 * s_blk + grp * s_grp)
+            sc_slo, sc_shi = _pairs(sp + 3 * s_blk + grp * s_grp)
             aR0 += sc_rlo * (cR0 - cC0)
             aR1 += sc_rlo * (cR1 - cC1)
             aR2 += sc_rhi * (cR2 - cC2)
@@ -399,15 +408,30 @@ def _int4_mma_warps_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, stride_xm, str
 
 
 def int4_mma_warps_matmul(x: torch.Tensor, words: torch.Tensor, scales: torch.Tensor, n: int, *, warps: int = 4,
-                          blocks: int = 1, stages: int = 3, out: torch.Tensor | None = None) -> torch.Tensor:
+                          blocks: int = 1, stages: int = 3, out: torch.Tensor | None = None,
+                          grouped: bool = False) -> torch.Tensor:
     m, k = x.shape
     assert 1 <= m <= 8 and k % 128 == 0 and n % (16 * blocks) == 0 and (k // 128) % warps == 0
     x64 = x.view(torch.int64)
     out = x.new_empty((m, n)) if out is None else out
     _int4_mma_warps_kernel[(n // (16 * blocks),)](
         x64, words.view(torch.int64), scales, out, m, n, k, x64.stride(0), out.stride(0), WARPS=warps,
-        BLOCKS=blocks, STAGES=stages, num_warps=warps)
+        BLOCKS=blocks, STAGES=stages, GROUPED=grouped, num_warps=warps)
     return out
+
+
+@triton.jit
+def _stream_kernel(w_ptr, x_ptr, out_ptr, n_words, iters, STAGES: tl.constexpr, BLOCK: tl.constexpr):
+    """Call 27's floor: each program streams its contiguous share of int32 words, one multiply-add a word."""
+    pid = tl.program_id(0)
+    offs = tl.arange(0, BLOCK)
+    acc = tl.zeros([BLOCK], tl.float32)
+    base = pid * iters * BLOCK
+    for i in tl.range(0, iters, num_stages=STAGES):
+        idx = base + i * BLOCK + offs
+        w = tl.load(w_ptr + idx, mask=idx < n_words, other=0)
+        acc += w.to(tl.float32, bitcast=True) * tl.load(x_ptr + offs).to(tl.float32)
+    tl.store(out_ptr + pid, tl.sum(acc))
 
 
 # ----------------------------------------------------------------------------------------------- formats
@@ -431,6 +455,18 @@ def mma_words(u: torch.Tensor) -> torch.Tensor:
     words = (v << shifts).sum(dim=(-3, -2, -1))  # R, c, g, t, j: 32-bit patterns in int64
     words = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
     return words.reshape(n // 16, k // 64, 32, 4).contiguous()  # R, c, lane, j: a lane's 16 bytes together
+
+
+def mma_words_grouped(words: torch.Tensor, blocks: int) -> torch.Tensor:
+    """``mma_words`` reordered so that the ``blocks`` 16-row blocks of one program sit chunk by chunk:
+    ``[N / 16B, K / 64, B, 32, 4]``: a warp's loop step (2 chunks of B blocks) is one contiguous 1-4 KiB."""
+    r, c = words.shape[:2]
+    return words.reshape(r // blocks, blocks, c, 32, 4).permute(0, 2, 1, 3, 4).contiguous()
+
+
+def mma_scales_grouped(scales: torch.Tensor, blocks: int) -> torch.Tensor:
+    r, g = scales.shape[:2]
+    return scales.reshape(r // blocks, blocks, g, 8, 2).permute(0, 2, 1, 3, 4).contiguous()
 
 
 def mma_scales(scales: torch.Tensor) -> torch.Tensor:
@@ -516,6 +552,11 @@ def check() -> dict:
                 got = int4_mma_warps_matmul(x, words, ms, n, warps=warps, blocks=blocks).float()
                 errors[f"{name} M={m} warps-kernel warps={warps} blocks={blocks}"] = ((got - ref).norm()
                                                                                       / ref.norm()).item()
+                if blocks > 1:
+                    got = int4_mma_warps_matmul(x, mma_words_grouped(words, blocks), mma_scales_grouped(ms, blocks),
+                                                n, warps=warps, blocks=blocks, grouped=True).float()
+                    errors[f"{name} M={m} grouped warps={warps} blocks={blocks}"] = ((got - ref).norm()
+                                                                                     / ref.norm()).item()
     worst = max(errors.values())
     print(f"check: {len(errors)} launches, worst relative error {worst:.2e}", flush=True)
     return {"errors": errors, "worst": worst, "ok": worst < 2e-2}
@@ -533,30 +574,43 @@ def sweep(name: str) -> dict:
     m13_w = [(tile_int4(p), s) for p, s in weights]
     mma_w = [(mma_words(nibbles_from_packed(p)), mma_scales(s)) for p, s in weights]
     del weights
+    grouped_w = {b: [(mma_words_grouped(w, b), mma_scales_grouped(s, b)) for w, s in mma_w] for b in (2, 4)}
     x = torch.randn(1, k, device=dev, dtype=torch.bfloat16)
     keep = []  # every buffer a captured graph writes, alive as long as the graphs
 
-    def warps_graph(xm, warps, stages, blocks):
+    def warps_graph(xm, warps, stages, blocks, grouped=False):
         m = xm.shape[0]
-        outs = [torch.empty((m, n), dtype=torch.bfloat16, device=dev) for _ in mma_w]
+        ws = grouped_w[blocks] if grouped else mma_w
+        outs = [torch.empty((m, n), dtype=torch.bfloat16, device=dev) for _ in ws]
         keep.append(outs)
         graph = graphed(lambda: [int4_mma_warps_matmul(xm, w, s, n, warps=warps, stages=stages, blocks=blocks,
-                                                       out=o) for (w, s), o in zip(mma_w, outs)])
+                                                       out=o, grouped=grouped) for (w, s), o in zip(ws, outs)])
         graph.replay()
         torch.cuda.synchronize()
         return graph
 
-    graphs = {"m13": graphed(lambda: [quantized_matmul(x, w, s, "int4") for w, s in m13_w])}
+    # the floor of a kernel per matmul at this shape: a kernel that only streams the same int4 words (call 27's)
+    stream_words = [w.reshape(-1) for w, _ in mma_w]
+    sink = torch.zeros(4 * 132, device=dev)
+    x_words = torch.randn(1024, device=dev)
+
+    def stream():
+        for words in stream_words:
+            iters = triton.cdiv(words.numel(), sink.numel() * 1024)
+            _stream_kernel[(triton.cdiv(words.numel(), iters * 1024),)](words, x_words, sink, words.numel(), iters,
+                                                                       STAGES=3, BLOCK=1024, num_warps=4)
+
+    graphs = {"m13": graphed(lambda: [quantized_matmul(x, w, s, "int4") for w, s in m13_w]), "stream": graphed(stream)}
     configs = {}
     errors = {}
-    for warps, blocks, stages in itertools.product((1, 2, 4, 8, 16), (1, 2, 4), (2, 3)):
-        if n % (16 * blocks) or (k // 128) % warps:
+    for warps, blocks, stages, grouped in itertools.product((2, 4, 8), (1, 2, 4), (2, 3), (False, True)):
+        if n % (16 * blocks) or (k // 128) % warps or (grouped and blocks == 1) or (stages == 2 and not grouped):
             continue
-        label = f"kw{warps} b{blocks} st{stages}"
+        label = f"kw{warps} b{blocks} st{stages}" + (" grouped" if grouped else "")
         print(f"  {name} {label}", flush=True)
         try:
-            graphs[label] = warps_graph(x, warps, stages, blocks)
-            configs[label] = (warps, stages, blocks)
+            graphs[label] = warps_graph(x, warps, stages, blocks, grouped)
+            configs[label] = (warps, stages, blocks, grouped)
         except Exception as error:  # noqa: BLE001 - a launch that cannot compile (shared memory): reported
             errors[label] = f"{type(error).__name__}: {error}"[:300]
     times = {label: [] for label in graphs}
@@ -564,19 +618,22 @@ def sweep(name: str) -> dict:
         for label, graph in graphs.items():
             times[label].append(median_ms(graph, 10) / reps * 1e3)
     us = {label: statistics.median(v) for label, v in times.items()}
-    best = min((v, label) for label, v in us.items() if label != "m13")
+    best = min((v, label) for label, v in us.items() if label not in ("m13", "stream"))
     nbytes = n * k // 2 + n * (k // 128) * 4
     result = {"n": n, "k": k, "bytes": nbytes, "reps": reps, "us": us, "best": configs[best[1]], "errors": errors,
               "best_label": best[1], "best_tb_per_s": nbytes / best[0] / 1e6, "m13_tb_per_s": nbytes / us["m13"] / 1e6}
-    print(f"{name}: m13 {us['m13']:.1f} us ({nbytes / us['m13'] / 1e6:.2f} TB/s), best mma {best[1]} "
+    result["stream_tb_per_s"] = nbytes / us["stream"] / 1e6
+    print(f"{name}: stream {us['stream']:.1f} us, m13 {us['m13']:.1f} us ({nbytes / us['m13'] / 1e6:.2f} TB/s), "
+          f"best ungrouped {min(v for lb, v in us.items() if lb.startswith('kw') and 'grouped' not in lb):.1f} us, "
+          f"best mma {best[1]} "
           f"{best[0]:.1f} us ({nbytes / best[0] / 1e6:.2f} TB/s)", flush=True)
     # the best launch at 2, 4 and 8 rows of x, against m13 at those rows (its GEMV, then its tl.dot)
-    warps, stages, blocks = configs[best[1]]
+    warps, stages, blocks, grouped = configs[best[1]]
     result["rows_us"] = {}
     for m in (2, 4, 8):
         xm = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
         pair = {"m13": graphed(lambda: [quantized_matmul(xm, w, s, "int4") for w, s in m13_w]),
-                "mma": warps_graph(xm, warps, stages, blocks)}
+                "mma": warps_graph(xm, warps, stages, blocks, grouped)}
         result["rows_us"][m] = {label: statistics.median([median_ms(gr, 10) / reps * 1e3 for _ in range(3)])
                                 for label, gr in pair.items()}
         print(f"  {name} M={m}: m13 {result['rows_us'][m]['m13']:.1f} us, mma {result['rows_us'][m]['mma']:.1f} us",
@@ -596,15 +653,17 @@ def chain(launches: dict) -> dict:
     for (n, k), name in zip(shapes, names):
         p, s = _fresh(dev, n, k)
         m13_w.append((tile_int4(p), s))
-        mma_w.append((mma_words(nibbles_from_packed(p)), mma_scales(s)))
+        w, sc = mma_words(nibbles_from_packed(p)), mma_scales(s)
+        warps, stages, blocks, grouped = launches[name]
+        mma_w.append((mma_words_grouped(w, blocks), mma_scales_grouped(sc, blocks)) if grouped else (w, sc))
         bufs.append(torch.empty((1, n), dtype=torch.bfloat16, device=dev))
     bf16 = [torch.empty(n, k, dtype=torch.bfloat16, device=dev).normal_(0, 0.02) for n, k in shapes]
     x0 = torch.randn(1, 4096, dtype=torch.bfloat16, device=dev)
 
     def mma(i, h):
-        warps, stages, blocks = launches[names[i]]
+        warps, stages, blocks, grouped = launches[names[i]]
         return int4_mma_warps_matmul(h, mma_w[i][0], mma_w[i][1], shapes[i][0], warps=warps, stages=stages,
-                                     blocks=blocks, out=bufs[i])
+                                     blocks=blocks, out=bufs[i], grouped=grouped)
 
     def run_chain(fn):
         def run():
@@ -644,8 +703,8 @@ def main(path: str) -> None:
     from benchmarks.env import environment
 
     began = time.perf_counter()
-    result = {"name": "int4_mma_warps", "env": environment("cuda"), "check": check(), "shapes": {}}
-    default = (4, 3, 1)
+    result = {"name": "int4_mma_grouped", "env": environment("cuda"), "check": check(), "shapes": {}}
+    default = (4, 3, 1, False)
     launches = {}
     for name in SHAPES:
         result["shapes"][name] = _in_child(["--sweep", name], 120)
