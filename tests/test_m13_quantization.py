@@ -44,8 +44,8 @@ from milestones.m13_quantization.launch_config import (CANDIDATES, LAUNCH_TABLE,
                                                        choose_launch, choose_split_k, regime)
 from milestones.m13_quantization.matmul_kernels import quantized_matmul, quantized_matmul_reference  # noqa: E402
 from milestones.m13_quantization.quantize import (GROUP_SIZE, QuantizedLinear, bytes_per_weight,  # noqa: E402
-                                                  dequantize_weight, pack_int4, quantize_weight, tile_int4,
-                                                  unpack_int4, untile_int4)
+                                                  dequantize_weight, group_major, pack_int4, quantize_weight,
+                                                  tile_int4, unpack_int4, untile_int4)
 
 CUDA = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if CUDA else "cpu")
@@ -111,6 +111,8 @@ def test_quantized_linear_module_matches_its_dequantized_weight(out_features):
         module = QuantizedLinear.from_linear(linear, method)
         tiled = method == "int4" and out_features % 16 == 0
         assert module.qweight.dim() == (4 if tiled else 2) and module.out_features == out_features
+        if method == "int4":  # scales group by group, as the kernels read them (quantize.group_major)
+            assert module.scales.stride() == (1, out_features)
         x = torch.randn(3, 7, 256)
         expected = x @ dequantize_weight(module.qweight, module.scales, method).T + linear.bias
         assert torch.allclose(module(x), expected, atol=1e-5)
@@ -211,6 +213,9 @@ def test_every_int4_kernel_reads_tiles_as_it_reads_rows(config, m, n, k):
         assert_close_to_reference(out, x, qweight, scales, "int4")
         rows = quantized_matmul(x, qweight, scales, "int4", config=config, split_k=split_k)
         assert torch.allclose(out, rows, rtol=1e-5, atol=1e-6 * rows.abs().max().item())
+        # the engine's scales, stored group by group: the same values at other addresses, the same sums
+        by_group = quantized_matmul(x, tiles, group_major(scales), "int4", config=config, split_k=split_k)
+        assert torch.equal(by_group, out)
 
 
 @pytest.mark.parametrize("unpack", ["subnormal", "magic"])

@@ -233,7 +233,7 @@ def _add_slices(part_ptr, out_ptr, cols, col_ok, num_slices, stride_part):
 def _quantized_gemv_kernel(
     x_ptr, w_ptr, s_ptr, out_ptr, part_ptr, count_ptr,
     N, K, k_per_split,
-    stride_xm, stride_wn, stride_sn, stride_om,
+    stride_xm, stride_wn, stride_sn, stride_sg, stride_om,
     INT4: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP: tl.constexpr, UNPACK: tl.constexpr, SPLIT: tl.constexpr, EVEN: tl.constexpr, DEFER_SUM: tl.constexpr,
     NUM_STAGES: tl.constexpr, TILED: tl.constexpr,
@@ -283,14 +283,14 @@ def _quantized_gemv_kernel(
                 kb = tl.multiple_of((kg // GROUP) * group_stride, WIDTH)  # the group's first byte (or word)
                 if EVEN:
                     b = tl.load(w_rows + (kb + j)[None, :])  # [BLOCK_N, WIDTH]: bytes (uint8) or words (int32)
-                    scale = tl.load(s_ptr + cols * stride_sn + kg // GROUP)  # [BLOCK_N]
+                    scale = tl.load(s_ptr + cols * stride_sn + (kg // GROUP) * stride_sg)  # [BLOCK_N]
                     x_ok = None
                 else:
                     x_ok = kg + j < k_end  # K and k_end are whole groups: all true or all false
                     b = tl.load(w_rows + (kb + j)[None, :], mask=col_ok[:, None] & x_ok[None, :], other=0)
                     # a group past k_end has x = 0: any finite scale will do, read from a valid address
-                    scale = tl.load(s_ptr + cols * stride_sn + tl.minimum(kg, K - GROUP) // GROUP, mask=col_ok,
-                                    other=0.0)
+                    scale = tl.load(s_ptr + cols * stride_sn + (tl.minimum(kg, K - GROUP) // GROUP) * stride_sg,
+                                    mask=col_ok, other=0.0)
                 if WORDS:
                     x_group = x_ptr + kg
                     if not EVEN:  # the whole group is in this slice of K, or none of it
@@ -385,7 +385,7 @@ def _quantized_gemv_kernel(
 def _quantized_dot_kernel(
     x_ptr, w_ptr, s_ptr, out_ptr,
     M, N, K,
-    stride_xm, stride_wn, stride_sn, stride_om,
+    stride_xm, stride_wn, stride_sn, stride_sg, stride_om,
     INT4: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP: tl.constexpr, GROUP_M: tl.constexpr, DOT_FP32: tl.constexpr, IEEE: tl.constexpr, EVEN_K: tl.constexpr,
     TILED: tl.constexpr,
@@ -421,7 +421,8 @@ def _quantized_dot_kernel(
                             mask=col_ok[:, None] & group_ok[None, :], other=0).to(tl.int32)  # [BLOCK_N, HALF]
                 # a group past K (the last step of a K that BLOCK_K does not divide) has x = 0: any finite scale
                 # will do, read from a valid address
-                scale = tl.load(s_ptr + cols * stride_sn + tl.minimum(kg // GROUP, K // GROUP - 1), mask=col_ok,
+                scale = tl.load(s_ptr + cols * stride_sn + tl.minimum(kg // GROUP, K // GROUP - 1) * stride_sg,
+                                mask=col_ok,
                                 other=0.0)[:, None]
                 # the group's scale goes into the unpacked tile (one rounding to the dot's dtype), so the dots
                 # accumulate straight into acc: no second [BLOCK_M, BLOCK_N] accumulator to hold in registers
@@ -464,7 +465,7 @@ def _quantized_dot_kernel(
 @device_kernel
 @triton.jit
 def _dequantize_kernel(
-    w_ptr, s_ptr, out_ptr, N, K, stride_wn, stride_sn, stride_on,
+    w_ptr, s_ptr, out_ptr, N, K, stride_wn, stride_sn, stride_sg, stride_on,
     INT4: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP: tl.constexpr, TILED: tl.constexpr,
 ):
     """W's rows [pid_n * BLOCK_N, +BLOCK_N), inputs [pid_k * BLOCK_K, +BLOCK_K), written as floats."""
@@ -482,7 +483,7 @@ def _dequantize_kernel(
         w_rows, group_stride = _int4_rows(w_ptr, cols, stride_wn, K, TILED, HALF, GROUP)
         b = tl.load(w_rows[:, :, None] + (g[:, None] * group_stride + j[None, :])[None, :, :], mask=mask,
                     other=0).to(tl.int32)
-        scale = tl.load(s_ptr + cols[:, None] * stride_sn + g[None, :], mask=scale_mask, other=0.0)
+        scale = tl.load(s_ptr + cols[:, None] * stride_sn + g[None, :] * stride_sg, mask=scale_mask, other=0.0)
         lo, hi = _unpack_int4(b, MAGIC)
         k_lo = (g[:, None] * GROUP + j[None, :])[None, :, :]
         out = out_ptr + cols[:, None, None] * stride_on + k_lo
@@ -527,10 +528,11 @@ def _check(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, method:
                          f"{tuple(qweight.shape)}")
     if tuple(scales.shape) != scale_shape or scales.dtype != torch.float32:
         raise ValueError(f"{method} scales must be float32 {scale_shape}, got {scales.dtype} {tuple(scales.shape)}")
-    contiguous = x.stride(-1) == 1 and qweight.stride(-1) == 1 and scales.stride(-1) == 1
+    scales_ok = scales.stride(-1) == 1 or (scales.dim() == 2 and scales.stride(0) == 1)  # int4: either order
+    contiguous = x.stride(-1) == 1 and qweight.stride(-1) == 1 and scales_ok
     if not contiguous or (tiled and not qweight.is_contiguous()):
-        raise ValueError("x, qweight and scales must be contiguous along their last dimension (int4 tiles: "
-                         "contiguous)")
+        raise ValueError("x and qweight must be contiguous along their last dimension, scales along one of theirs "
+                         "(int4 tiles: contiguous)")
     if not (x.device == qweight.device == scales.device):
         raise ValueError(f"all tensors must be on one device; got {x.device}, {qweight.device}, {scales.device}")
     return m, n, k
@@ -599,7 +601,7 @@ def _gemv(x, qweight, scales, m, n, k, int4, config, split_k) -> torch.Tensor:
     per_thread = m * config.block_n * width // (32 * config.num_warps)  # the deferred sums' registers
     _quantized_gemv_kernel[(triton.cdiv(n, config.block_n), split_k)](
         x, qweight, scales, out, partial_sums, counters, n, k, k_per_split,
-        x.stride(0), qweight.stride(0), scales.stride(0), out.stride(0),
+        x.stride(0), qweight.stride(0), scales.stride(0), scales.stride(-1), out.stride(0),
         INT4=int4, ROWS=m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP=GROUP_SIZE,
         UNPACK=UNPACK_MODES.index(config.unpack), SPLIT=split_k > 1, EVEN=even,
         DEFER_SUM=config.defer_sum and per_thread <= MAX_DEFERRED_PER_THREAD,
@@ -643,7 +645,8 @@ def _dot(x, qweight, scales, m, n, k, int4, config) -> torch.Tensor:
     block_k = max(config.block_k, GROUP_SIZE) if int4 else config.block_k
     grid = (triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n),)
     _quantized_dot_kernel[grid](
-        x, qweight, scales, out, m, n, k, x.stride(0), qweight.stride(0), scales.stride(0), out.stride(0),
+        x, qweight, scales, out, m, n, k, x.stride(0), qweight.stride(0), scales.stride(0), scales.stride(-1),
+        out.stride(0),
         INT4=int4, BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=block_k, GROUP=GROUP_SIZE,
         GROUP_M=config.group_m, DOT_FP32=_dot_fp32(x), IEEE=x.dtype == torch.float32, EVEN_K=k % block_k == 0,
         TILED=qweight.dim() == 4, num_warps=config.num_warps, num_stages=config.num_stages,
@@ -667,7 +670,7 @@ def dequantize(qweight: torch.Tensor, scales: torch.Tensor, method: str, dtype: 
     block_k = max(config.block_k, GROUP_SIZE) if method == "int4" else config.block_k
     out = torch.empty((n, k), dtype=dtype, device=qweight.device)
     _dequantize_kernel[(triton.cdiv(n, config.block_n), triton.cdiv(k, block_k))](
-        w, s, out, n, k, w.stride(0), s.stride(0), out.stride(0),
+        w, s, out, n, k, w.stride(0), s.stride(0), s.stride(-1), out.stride(0),
         INT4=method == "int4", BLOCK_N=config.block_n, BLOCK_K=block_k, GROUP=GROUP_SIZE, TILED=tiled,
         num_warps=config.num_warps,
     )

@@ -114,6 +114,13 @@ def tile_int4(packed: torch.Tensor) -> torch.Tensor:
     return packed.view(n // TILE_ROWS, TILE_ROWS, half // 64, 64).transpose(1, 2).contiguous()
 
 
+def group_major(scales: torch.Tensor) -> torch.Tensor:
+    """int4 scales ``[N, K // 128]`` stored group by group (strides ``(1, N)``, the same values and shape). A batch-1
+    GEMV program reads one group's scales for its 32 rows per loop step: row by row they are 32 separate 32-byte
+    sectors, 4 bytes used in each; group by group, 128 contiguous bytes. Every kernel takes both strides."""
+    return scales.t().contiguous().t()
+
+
 def untile_int4(packed: torch.Tensor) -> torch.Tensor:
     """Tiles ``[N // 16, K // 128, 16, 64]`` -> bytes ``[N, K // 2]`` (bytes in rows are returned as they are)."""
     if packed.dim() == 2:
@@ -152,8 +159,8 @@ def bytes_per_weight(method: str | None, dtype: torch.dtype = torch.bfloat16) ->
 
 class QuantizedLinear(nn.Module):
     """``nn.Linear`` with a quantized weight: ``qweight`` (int8 ``[N, K]``; int4 in tiles ``[N // 16, K // 128,
-    16, 64]``, or packed rows ``[N, K // 2]`` where N is not a multiple of 16) and float32 ``scales``; the bias,
-    if any, stays in the activations' dtype.
+    16, 64]``, or packed rows ``[N, K // 2]`` where N is not a multiple of 16) and float32 ``scales`` (int4's
+    stored group by group: ``group_major``); the bias, if any, stays in the activations' dtype.
 
     ``forward`` runs ``matmul_kernels.quantized_matmul`` (the Triton kernels) when ``kernel == "triton"``
     (the default on a GPU), else the torch reference: dequantize the whole weight, then ``F.linear``. On a CPU
@@ -174,8 +181,10 @@ class QuantizedLinear(nn.Module):
     @torch.no_grad()
     def from_linear(cls, linear: nn.Linear, method: str, kernel: str = "torch") -> QuantizedLinear:
         qweight, scales = quantize_weight(linear.weight, method)
-        if method == "int4" and qweight.shape[0] % TILE_ROWS == 0:
-            qweight = tile_int4(qweight)
+        if method == "int4":
+            scales = group_major(scales)
+            if qweight.shape[0] % TILE_ROWS == 0:
+                qweight = tile_int4(qweight)
         bias = None if linear.bias is None else linear.bias.detach().clone()
         return cls(qweight, scales, method, linear.in_features, bias, kernel)
 
