@@ -6,8 +6,9 @@ slices, the weights in tiles), a skeleton of the GEMV that adds its parts one at
     stream        call 27's kernel over the same words: 4 programs of 4 warps an SM, 4 KiB a step
     load          m13's launch and loads, one multiply-add a word (no x, no scales), each slice's sums stored
     + finish      ... and the slices added by the program that counts itself done last (m13's split finish)
-    + x, scales   ... and each group's x (16 inputs) and scales loaded and multiplied in
-    m13           the GEMV itself (quantized_matmul)
+    + x, scales   ... and each group's x (16 inputs) and scales loaded and multiplied in (scales row by row, and
+                  (call 56) group by group, ``quantize.group_major``)
+    m13           the GEMV itself (quantized_matmul), and (call 56) with its scales group by group
 
     python3 scratch/gemv_anatomy.py OUT.json     (on a GPU; the repository root on PYTHONPATH)
 """
@@ -43,7 +44,7 @@ def _stream_kernel(w_ptr, x_ptr, out_ptr, n_words, iters, STAGES: tl.constexpr, 
 
 
 @triton.jit
-def _skeleton_kernel(x_ptr, w_ptr, s_ptr, out_ptr, part_ptr, count_ptr, N, K, k_per_split, stride_sn,
+def _skeleton_kernel(x_ptr, w_ptr, s_ptr, out_ptr, part_ptr, count_ptr, N, K, k_per_split, stride_sn, stride_sg,
                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr, X: tl.constexpr,
                      FINISH: tl.constexpr):
     pid_n = tl.program_id(0)
@@ -61,7 +62,7 @@ def _skeleton_kernel(x_ptr, w_ptr, s_ptr, out_ptr, part_ptr, count_ptr, N, K, k_
             f = tl.load(w_rows + (kb + j)[None, :]).to(tl.float32, bitcast=True)
             if X:  # the group's inputs (16 of its 128: one a word) and its scales
                 xv = tl.load(x_ptr + kg + 8 * j).to(tl.float32)
-                sc = tl.load(s_ptr + cols * stride_sn + kg // 128)
+                sc = tl.load(s_ptr + cols * stride_sn + (kg // 128) * stride_sg)
                 f = f * xv[None, :] * sc[:, None]
             acc += f
     sums = tl.sum(acc, axis=1)
@@ -106,7 +107,7 @@ def main(path: str) -> None:
     from milestones.m08_triton_kernel.launch_config import sm_count
     from milestones.m13_quantization.launch_config import choose_launch
     from milestones.m13_quantization.matmul_kernels import quantized_matmul
-    from milestones.m13_quantization.quantize import tile_int4
+    from milestones.m13_quantization.quantize import group_major, tile_int4
 
     began = time.perf_counter()
     dev = torch.device("cuda")
@@ -132,18 +133,21 @@ def main(path: str) -> None:
                 _stream_kernel[(triton.cdiv(wd.numel(), iters * 1024),)](wd, x_words, sink, wd.numel(), iters,
                                                                         STAGES=3, BLOCK=1024, num_warps=4)
 
-        def skeleton(x_on, finish):
+        by_group = [(w, group_major(s)) for w, s in weights]
+
+        def skeleton(x_on, finish, scales_by_group=False):
             def run():
-                for (w, s), o, p in zip(weights, outs, parts):
+                for (w, s), o, p in zip(by_group if scales_by_group else weights, outs, parts):
                     _skeleton_kernel[(n // config.block_n, split)](
-                        x, w.view(torch.int32), s, o, p, counters, n, k, k_per_split, s.stride(0),
+                        x, w.view(torch.int32), s, o, p, counters, n, k, k_per_split, s.stride(0), s.stride(1),
                         BLOCK_N=config.block_n, BLOCK_K=config.block_k, STAGES=config.num_stages, X=x_on,
                         FINISH=finish, num_warps=config.num_warps)
             return run
 
         fns = {"stream": stream, "load": skeleton(False, False), "+ finish": skeleton(False, True),
-               "+ x, scales": skeleton(True, True),
-               "m13": lambda: [quantized_matmul(x, w, s, "int4") for w, s in weights]}
+               "+ x, scales": skeleton(True, True), "+ x, scales by group": skeleton(True, True, True),
+               "m13": lambda: [quantized_matmul(x, w, s, "int4") for w, s in weights],
+               "m13, scales by group": lambda: [quantized_matmul(x, w, s, "int4") for w, s in by_group]}
         graphs = {label: graphed(fn) for label, fn in fns.items()}
         times = {label: [] for label in graphs}
         for _ in range(5):
