@@ -28,7 +28,8 @@ from milestones.m08_triton_kernel.launch_config import sm_count
 from milestones.m13_quantization.launch_config import (CANDIDATES, LAUNCH_TABLE, QuantMatmulConfig,
                                                        choose_launch, choose_split_k, fits_method, regime)
 from milestones.m13_quantization.matmul_kernels import quantized_matmul
-from milestones.m13_quantization.quantize import TILE_ROWS, dequantize_weight, quantize_weight, tile_int4
+from milestones.m13_quantization.quantize import (TILE_ROWS, dequantize_weight, group_major, quantize_weight,
+                                                  tile_int4)
 
 from .env import environment, save
 from .kernel_bench import Timing, copies_needed, require_device
@@ -56,8 +57,8 @@ def make_weights(n: int, k: int, method: str, device: torch.device, seed: int) -
     """As many copies as ``copies_needed`` asks for one copy's bytes."""
     dense = torch.randn((n, k), generator=torch.Generator(device=device).manual_seed(seed), device=device) * 0.02
     first = (dense.to(torch.bfloat16), None) if method == "bf16" else quantize_weight(dense, method)
-    if method == "int4" and n % TILE_ROWS == 0:  # the layout QuantizedLinear keeps
-        first = (tile_int4(first[0]), first[1])
+    if method == "int4":  # the layout QuantizedLinear keeps: tiles where N allows, scales group by group
+        first = (tile_int4(first[0]) if n % TILE_ROWS == 0 else first[0], group_major(first[1]))
     del dense
     nbytes = sum(t.numel() * t.element_size() for t in first if t is not None)
     copies = copies_needed(nbytes, device)

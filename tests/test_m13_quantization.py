@@ -112,7 +112,7 @@ def test_quantized_linear_module_matches_its_dequantized_weight(out_features):
         tiled = method == "int4" and out_features % 16 == 0
         assert module.qweight.dim() == (4 if tiled else 2) and module.out_features == out_features
         if method == "int4":  # scales group by group, as the kernels read them (quantize.group_major)
-            assert module.scales.stride() == (1, out_features)
+            assert module.scales.t().is_contiguous()
         x = torch.randn(3, 7, 256)
         expected = x @ dequantize_weight(module.qweight, module.scales, method).T + linear.bias
         assert torch.allclose(module(x), expected, atol=1e-5)
@@ -192,8 +192,10 @@ KERNEL_CASES = [  # (configuration, rows of x): every kernel, every way of unpac
 def test_quantized_matmul_matches_the_reference(method, config, m, dtype, n, k):
     """(40, 384): N and K (3 groups) leave partial tiles, masked; (32, 512): whole tiles, no masks (``EVEN``)."""
     x, qweight, scales = matmul_case(method, m, n, k, dtype)
-    assert_close_to_reference(quantized_matmul(x, qweight, scales, method, config=config), x, qweight, scales,
-                              method)
+    out = quantized_matmul(x, qweight, scales, method, config=config)
+    assert_close_to_reference(out, x, qweight, scales, method)
+    if method == "int4":  # packed rows with the scales group by group (QuantizedLinear's where N % 16): the same sums
+        assert torch.equal(quantized_matmul(x, qweight, group_major(scales), method, config=config), out)
 
 
 TILED_CASES = [(LAUNCH_TABLE["int4"]["gemv"], 1), (LAUNCH_TABLE["int4"]["gemv"], 3),
@@ -295,6 +297,9 @@ def test_the_wrapper_refuses_bad_shapes_in_one_line():
         quantized_matmul(x, tiles[:, :1].contiguous(), scales, "int4")
     with pytest.raises(ValueError, match="int4 tiles: contiguous"):
         quantized_matmul(x, tiles.transpose(0, 1), scales, "int4")
+    strided = torch.zeros(64, 4, device=DEVICE)[::2, ::2]  # scales contiguous along neither dimension
+    with pytest.raises(ValueError, match="scales along one of theirs"):
+        quantized_matmul(x, tiles, strided, "int4")
 
 
 @cuda_only

@@ -164,7 +164,9 @@ def bytes_per_weight(method: str | None, dtype: torch.dtype = torch.bfloat16) ->
 class QuantizedLinear(nn.Module):
     """``nn.Linear`` with a quantized weight: ``qweight`` (int8 ``[N, K]``; int4 in tiles ``[N // 16, K // 128,
     16, 64]``, or packed rows ``[N, K // 2]`` where N is not a multiple of 16) and float32 ``scales`` (int4's
-    stored group by group: ``group_major``); the bias, if any, stays in the activations' dtype.
+    stored group by group: ``group_major``; ``.to()`` and ``torch.save`` keep that order, ``torch.cat`` or
+    ``.contiguous()`` would give row-by-row scales back, read correctly, only more slowly); the bias, if any, stays
+    in the activations' dtype.
 
     ``forward`` runs ``matmul_kernels.quantized_matmul`` (the Triton kernels) when ``kernel == "triton"``
     (the default on a GPU), else the torch reference: dequantize the whole weight, then ``F.linear``. On a CPU
