@@ -1,7 +1,7 @@
 """Quantized matmuls in Triton: ``out = x @ dequantize(W)^T`` with the weight widened in registers, never in memory.
 
 ``x`` is ``[M, K]`` (bfloat16, float16 or float32 activations), ``W`` is ``[N, K]`` stored as int8 with one scale
-per row, or as int4 nibbles with one scale per row and 128-input group (``quantize.py`` has the formats). Each
+per row, or as int4 nibbles with a scale per row and 128-input group, stored in either order (``quantize.py``). Each
 kernel reads every weight byte once from memory, turns it into a float in registers and multiplies it there:
 the bytes read per step shrink 2x (int8) or ~3.8x (int4) against bf16, the arithmetic does not.
 
