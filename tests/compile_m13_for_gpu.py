@@ -2,11 +2,11 @@
 
 The CPU tests run the quantized matmuls and the FP8 K/V kernels in Triton's interpreter, which never type-checks
 them. This script runs the real wrappers on small CPU tensors with every launch replaced by a compile for sm_90 (the
-H200): the quantized matmul in each regime and method, int4 on packed rows and in tiles (the launch table's
-configurations, or with ``--candidates`` every ``benchmarks/quant_bench.py`` candidate), and m08's store and decode
-kernels with an FP8 cache (direct and split paths). With ``--registers`` it also runs Triton's ``ptxas -v`` on each
-kernel's PTX and prints the registers per thread and any spills (a spilling configuration streams far below the copy
-bandwidth).
+H200): the quantized matmul in each regime and method (the GEMV with each epilogue), int4 on packed rows and in
+tiles (the launch table's configurations, or with ``--candidates`` every ``benchmarks/quant_bench.py``
+candidate), and m08's store and decode kernels with an FP8 cache (direct and split paths). With ``--registers``
+it also runs Triton's ``ptxas -v`` on each kernel's PTX and prints the registers per thread and any spills (a
+spilling configuration streams far below the copy bandwidth).
 
     python tests/compile_m13_for_gpu.py                        # one line per variant; exit 1 on a failure
     python tests/compile_m13_for_gpu.py --candidates --registers
@@ -66,8 +66,16 @@ def matmul_jobs(candidates: bool, quick: bool = False):
                         w, s = torch.zeros(n, k // 2, dtype=torch.uint8), torch.ones(n, k // 128)
                     for weight in (w, tile_int4(w)) if method == "int4" else (w,):
                         matmul_kernels.quantized_matmul(x, weight, s, method, config=config)
-                        if config.kernel == "gemv" and m == 1:
-                            matmul_kernels.quantized_matmul(x, weight, s, method, config=config, split_k=4)
+                        if config.kernel != "gemv":
+                            continue
+                        for split_k in (None, 4) if m == 1 else (None,):
+                            launch = dict(config=config, split_k=split_k)
+                            if split_k:
+                                matmul_kernels.quantized_matmul(x, weight, s, method, **launch)
+                            # the epilogues (gemv_epilogues.py): SiLU * up, and the add + norm
+                            matmul_kernels.quantized_silu_and_mul(x, weight, s, method, **launch)
+                            matmul_kernels.quantized_add_rms_norm(x, weight, s, method, torch.zeros(m, n, dtype=dtype),
+                                                                  torch.ones(n, dtype=dtype), 1e-6, **launch)
                 jobs.append((f"matmul {method} {label} M={m} {str(dtype)[6:]}", job))
     return jobs
 

@@ -39,10 +39,12 @@ from milestones.m08_triton_kernel.store_kv_kernel import store_kv  # noqa: E402
 from milestones.m13_quantization import EngineConfig, LLMEngine  # noqa: E402
 from milestones.m13_quantization import engine as engine_module  # noqa: E402
 from milestones.m13_quantization.accuracy import compare_logits, forced_logits, logit_error  # noqa: E402
+from milestones.m13_quantization.epilogue_layers import EpilogueQwen3Model  # noqa: E402
 from milestones.m13_quantization.fp8_kv_cache import FP8_DTYPE, FP8PagedKVCache, from_fp8, to_fp8  # noqa: E402
 from milestones.m13_quantization.launch_config import (CANDIDATES, LAUNCH_TABLE, QuantMatmulConfig,  # noqa: E402
                                                        choose_launch, choose_split_k, regime)
-from milestones.m13_quantization.matmul_kernels import quantized_matmul, quantized_matmul_reference  # noqa: E402
+from milestones.m13_quantization.matmul_kernels import (quantized_add_rms_norm, quantized_matmul,  # noqa: E402
+                                                       quantized_matmul_reference, quantized_silu_and_mul)
 from milestones.m13_quantization.quantize import (GROUP_SIZE, QuantizedLinear, bytes_per_weight,  # noqa: E402
                                                   dequantize_weight, group_major, pack_int4, quantize_weight,
                                                   tile_int4, unpack_int4, untile_int4)
@@ -251,6 +253,69 @@ def test_split_k_adds_the_slices(method, rows, dtype):
     assert not counters.any(), "a finishing program left its counter set"
     again = quantized_matmul(x, qweight, scales, method, config=config, split_k=3)
     assert torch.equal(again, out)
+
+
+EPILOGUE_CASES = [(LAUNCH_TABLE["int4"]["gemv"], "int4"), (LAUNCH_TABLE["int8"]["gemv"], "int8"),
+                  (CANDIDATES["gemv"]["n16-k256-w4-s4 magic"], "int4")]
+
+
+@pytest.mark.parametrize("config, method", EPILOGUE_CASES,
+                         ids=[f"{m}-n{c.block_n}-{c.unpack}" for c, m in EPILOGUE_CASES])
+@pytest.mark.parametrize("rows", [1, 2, 4])
+@pytest.mark.parametrize("split_k", [1, 3])
+@pytest.mark.parametrize("n, dtype", [(80, torch.float32), (96, torch.bfloat16)], ids=["tails-fp32", "whole-bf16"])
+def test_gemv_epilogues_finish_what_m12s_kernels_would(config, method, rows, split_k, dtype, n):
+    """The GEMV's finishing programs do the next kernel's work: SiLU * up to the bit (gate and up rounded as
+    stored), the residual added to the bit, the norm up to the order of its sum of squares; every counter is
+    back at zero afterwards, and a second launch gives the same bits."""
+    from milestones.m12_async_scheduling.fused_kernels import add_rms_norm, silu_and_mul
+    from milestones.m13_quantization import matmul_kernels
+
+    x, qweight, scales = matmul_case(method, rows, n, 768, dtype, seed=5)
+    launch = dict(config=config, split_k=split_k)
+    product = quantized_matmul(x, qweight, scales, method, **launch)
+    act = quantized_silu_and_mul(x, qweight, scales, method, **launch)
+    assert act.shape == (rows, n // 2) and torch.equal(act, silu_and_mul(product))
+    gen = torch.Generator().manual_seed(6)
+    residual = torch.randn(rows, n, generator=gen).to(dtype).to(DEVICE)
+    weight = (1 + torch.randn(n, generator=gen) / 4).to(dtype).to(DEVICE)
+    expected_residual = residual.clone()
+    expected = add_rms_norm(product, expected_residual, weight, 1e-6)
+    fused_residual = residual.clone()
+    normed = quantized_add_rms_norm(x, qweight, scales, method, fused_residual, weight, 1e-6, **launch)
+    assert torch.equal(fused_residual, expected_residual)
+    torch.testing.assert_close(normed, expected, rtol=ACTIVATION_TOLERANCE[dtype] / 4, atol=0)
+    assert not matmul_kernels._split_counters(x.device, 64).any(), "a finishing program left a counter set"
+    again_residual = residual.clone()
+    assert torch.equal(quantized_add_rms_norm(x, qweight, scales, method, again_residual, weight, 1e-6, **launch),
+                       normed)
+
+
+def test_gemv_epilogues_fall_back_to_m12s_kernels_past_the_gemvs_rows():
+    """At the tensor cores' rows the same calls run the matmul, then m12's kernel."""
+    from milestones.m12_async_scheduling.fused_kernels import add_rms_norm, silu_and_mul
+
+    x, qweight, scales = matmul_case("int4", 5, 64, 256, torch.float32, seed=8)
+    product = quantized_matmul(x, qweight, scales, "int4")
+    assert torch.equal(quantized_silu_and_mul(x, qweight, scales, "int4"), silu_and_mul(product))
+    residual, weight = torch.ones(5, 64, device=DEVICE), torch.full((64,), 0.5, device=DEVICE)
+    expected_residual = residual.clone()
+    expected = add_rms_norm(product, expected_residual, weight, 1e-6)
+    assert torch.equal(quantized_add_rms_norm(x, qweight, scales, "int4", residual, weight, 1e-6), expected)
+    assert torch.equal(residual, expected_residual)
+
+
+def test_gemv_epilogues_refuse_bad_operands_in_one_line():
+    x, qweight, scales = matmul_case("int8", 1, 24, 256, torch.float32)
+    with pytest.raises(ValueError, match="gate and up rows in equal numbers, got N = 23"):
+        quantized_silu_and_mul(x, qweight[:23], scales[:23], "int8")
+    weight = torch.ones(24, device=DEVICE)
+    for residual in (torch.zeros(1, 12, device=DEVICE), torch.zeros(1, 24, device=DEVICE, dtype=torch.bfloat16),
+                     torch.zeros(1, 48, device=DEVICE)[:, ::2]):
+        with pytest.raises(ValueError, match=r"add_rms_norm needs the residual as \[M, N\] = \[1, 24\]"):
+            quantized_add_rms_norm(x, qweight, scales, "int8", residual, weight, 1e-6)
+    with pytest.raises(ValueError, match="a contiguous norm weight"):
+        quantized_add_rms_norm(x, qweight, scales, "int8", torch.zeros(1, 24, device=DEVICE), weight[:12], 1e-6)
 
 
 @cuda_only
@@ -513,6 +578,8 @@ def test_the_triton_kernels_and_graphs_give_the_torch_paths_logits(groupable_che
                 module.kernel = kernel
     if not CUDA:
         triton_path.graph_runner = triton_path.build_graph_runner(capture=False)
+    # the decode graphs' GEMVs finish the add + norm and SiLU * up after them (epilogue_layers.py)
+    assert type(triton_path.graph_runner.model.model) is EpilogueQwen3Model
     prompts = accuracy_prompts()[:2]  # a prompt step (eager), then decode steps (the graph runner's buffers)
     continuations = [o.token_ids for o in torch_path.generate(prompts, SamplingParams(max_tokens=3, ignore_eos=True),
                                                               use_tqdm=False)]
@@ -642,7 +709,8 @@ def test_the_server_serves_a_quantized_engine_with_vllms_flags(groupable_checkpo
 
 
 def test_a_cpu_with_float8_support_is_accepted():
-    from milestones.m13_quantization.fp8_kv_cache import fp8_unsupported_reason
+    from milestones.m13_quantization.epilogue_layers import EpilogueQwen3Model  # noqa: E402
+from milestones.m13_quantization.fp8_kv_cache import fp8_unsupported_reason
 
     assert fp8_unsupported_reason(torch.device("cpu"), "torch") is None
 

@@ -45,31 +45,44 @@ class FusedQwen3Model(nn.Module):
         norms = [layer.post_attention_layernorm for layer in self.layers]
         next_norms = [layer.input_layernorm for layer in self.layers[1:]] + [self.norm]
         for layer, norm, next_norm in zip(self.layers, norms, next_norms):
-            hidden = add_rms_norm(self.attend(layer.self_attn, hidden, positions, attention), residual, norm.weight,
-                                  norm.eps)
-            mlp = layer.mlp
-            hidden = add_rms_norm(mlp.down_proj(silu_and_mul(mlp.gate_up_proj(hidden))), residual, next_norm.weight,
-                                  next_norm.eps)
+            attn, mlp = layer.self_attn, layer.mlp
+            hidden = self.project_add_norm(attn.o_proj, self.attend(attn, hidden, positions, attention), residual,
+                                           norm)
+            hidden = self.project_add_norm(mlp.down_proj, self.gate_up_silu(mlp.gate_up_proj, hidden), residual,
+                                           next_norm)
         return hidden
 
     def attend(self, attn: PackedAttention, x: torch.Tensor, positions: torch.Tensor,
                attention: AttentionFn) -> torch.Tensor:
+        """The attention heads' output, ``[T, heads * dim]``, before ``o_proj``."""
         heads, kv_heads, dim = attn.num_heads, attn.num_kv_heads, attn.head_dim
         qkv = attn.qkv_proj(x)
         q, k = qk_norm_rope(qkv, heads, kv_heads, dim, attn.qk_norm_weight, self.rotary_emb.cos,
                             self.rotary_emb.signed_sin, positions, attn.eps)
         v = qkv[:, (heads + kv_heads) * dim:].view(-1, kv_heads, dim)
-        out = attention(attn.layer_idx, q, k, v)
-        return attn.o_proj(out.reshape(-1, heads * dim))
+        return attention(attn.layer_idx, q, k, v).reshape(-1, heads * dim)
+
+    def project_add_norm(self, proj: nn.Module, x: torch.Tensor, residual: torch.Tensor,
+                         norm: nn.Module) -> torch.Tensor:
+        """``residual += proj(x)``; returns ``norm(residual)`` (a seam: m13 folds the add and the norm into its
+        quantized matmul)."""
+        return add_rms_norm(proj(x), residual, norm.weight, norm.eps)
+
+    def gate_up_silu(self, proj: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """``silu(gate) * up`` of the packed gate/up projection (a seam, as above)."""
+        return silu_and_mul(proj(x))
 
 
 class FusedCausalLM(nn.Module):
-    """The same ``Qwen3ForCausalLM`` (its modules, shared) whose forward runs ``FusedQwen3Model``."""
+    """The same ``Qwen3ForCausalLM`` (its modules, shared) whose forward runs ``FusedQwen3Model`` (or the
+    subclass ``decoder_class`` names)."""
+
+    decoder_class = FusedQwen3Model
 
     def __init__(self, model: Qwen3ForCausalLM) -> None:
         super().__init__()
         self.config, self.lm_head = model.config, model.lm_head
-        self.model = FusedQwen3Model(model.model)
+        self.model = self.decoder_class(model.model)
         self.compute_logits = model.compute_logits
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attention: AttentionFn) -> torch.Tensor:

@@ -1,6 +1,7 @@
 """m13's engine: the previous milestone's, with weights and K/V stored in fewer bytes.
 
-Three overrides, each at the moment its memory is decided:
+Three overrides, each at the moment its memory is decided (and a fourth, ``model_for_graphs``: the decode
+graphs' quantized matmuls finish the small kernel after them, ``epilogue_layers.py``):
 
 * ``load_model`` (m01's seam, before anything else is sized): with ``quantization`` set, a preset is built and
   quantized one decoder layer at a time, a checkpoint loaded and then quantized layer by layer
@@ -29,6 +30,7 @@ from milestones.m05_paged_blocks.paged_attention import AttentionMetadata, Paged
 from milestones.m12_async_scheduling import LLMEngine as PreviousEngine
 
 from .config import EngineConfig
+from .epilogue_layers import EpilogueCausalLM
 from .fp8_kv_cache import FP8_DTYPE, FP8PagedKVCache, fp8_unsupported_reason
 from .quantize import bytes_per_weight
 from .quantized_loader import check_quantizable, load_preset_quantized, quantize_model_, weight_bytes
@@ -74,6 +76,12 @@ class LLMEngine(PreviousEngine):
         if self.device.type == "cuda":
             torch.cuda.empty_cache()  # the bf16 matrices just freed: give them back before K/V is sized
         return loaded
+
+    def model_for_graphs(self):
+        """Quantized: m12's fused layers, each GEMV finishing the add + norm or SiLU after it (``epilogue_layers``)."""
+        if self.config.quantization is None:
+            return super().model_for_graphs()
+        return EpilogueCausalLM(self.model)
 
     def describe_weights(self) -> str:
         sizes = weight_bytes(self.model)

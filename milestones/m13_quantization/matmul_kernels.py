@@ -59,6 +59,8 @@ m10's CUDA graphs. On CPU tensors the kernels run in Triton's interpreter (m08's
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
@@ -67,7 +69,9 @@ import triton.language as tl
 
 from milestones.m08_triton_kernel.device_kernel import device_kernel, runs_interpreted
 from milestones.m08_triton_kernel.launch_config import sm_count
+from milestones.m12_async_scheduling.fused_kernels import add_rms_norm, silu_and_mul
 
+from .gemv_epilogues import ADD_RMS_NORM, SILU_AND_MUL, epilogue_index, finish_row, norm_when_last, pair_rows
 from .launch_config import UNPACK_MODES, QuantMatmulConfig, choose_launch, choose_split_k, fits_method
 from .quantize import GROUP_SIZE, QUANTIZATION_METHODS, TILE_ROWS, untile_int4
 
@@ -220,23 +224,23 @@ def _row_sums(acc, scale, DEFER_SUM: tl.constexpr, SCALE: tl.constexpr):
 
 
 @triton.jit
-def _add_slices(part_ptr, out_ptr, cols, col_ok, num_slices, stride_part):
-    """The finishing program of a split: the slices' float32 sums of one row, added in slice order, then stored."""
-    total = tl.load(part_ptr + cols, mask=col_ok, other=0.0, cache_modifier=".cg")
+def _add_slices(part_ptr, lanes, ok, num_slices, stride_part):
+    """The finishing program of a split: the slices' float32 sums of one row, added in slice order."""
+    total = tl.load(part_ptr + lanes, mask=ok, other=0.0, cache_modifier=".cg")
     for s in range(1, num_slices):
-        total += tl.load(part_ptr + s * stride_part + cols, mask=col_ok, other=0.0, cache_modifier=".cg")
-    tl.store(out_ptr + cols, total.to(out_ptr.dtype.element_ty), mask=col_ok)
+        total += tl.load(part_ptr + s * stride_part + lanes, mask=ok, other=0.0, cache_modifier=".cg")
+    return total
 
 
 @device_kernel
 @triton.jit
 def _quantized_gemv_kernel(
-    x_ptr, w_ptr, s_ptr, out_ptr, part_ptr, count_ptr,
-    N, K, k_per_split,
-    stride_xm, stride_wn, stride_sn, stride_sg, stride_om,
+    x_ptr, w_ptr, s_ptr, out_ptr, part_ptr, count_ptr, res_ptr, norm_w_ptr, sq_ptr,
+    N, K, k_per_split, eps,
+    stride_xm, stride_wn, stride_sn, stride_sg, stride_om, stride_rm,
     INT4: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP: tl.constexpr, UNPACK: tl.constexpr, SPLIT: tl.constexpr, EVEN: tl.constexpr, DEFER_SUM: tl.constexpr,
-    NUM_STAGES: tl.constexpr, TILED: tl.constexpr,
+    NUM_STAGES: tl.constexpr, TILED: tl.constexpr, EPILOGUE: tl.constexpr,
 ):
     """One program: output rows [pid_n * BLOCK_N, +BLOCK_N) for the ``ROWS`` (1-4) rows of x, over its slice of K.
 
@@ -252,11 +256,20 @@ def _quantized_gemv_kernel(
     ``SPLIT`` (K in slices, ``program_id(1)``): each program writes its float32 sums to its slice of ``part_ptr``
     (``[slices, ROWS, N]``) and counts itself done on its row block's counter (``count_ptr``, zero between
     launches); the program that counts last adds the slices in slice order, stores the output and sets the
-    counter back to zero. No zeroed output, no cast afterwards, and the same sum whichever program finishes."""
+    counter back to zero. No zeroed output, no cast afterwards, and the same sum whichever program finishes.
+
+    ``EPILOGUE`` (``gemv_epilogues.py``): what the finishing program does with a block's sums, the output stored
+    as it is, as ``silu(gate) * up`` (then W's rows are gate/up pairs and N counts the pairs), or added into the
+    residual stream ``res_ptr`` and normalised with ``norm_w_ptr`` once every block is in (``sq_ptr``: the
+    blocks' sums of squares; the count after the row blocks' own in ``count_ptr``)."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
-    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    col_ok = cols < N
+    lanes = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # this program's sums (the slices' index)
+    if EPILOGUE == SILU_AND_MUL:
+        cols, col_ok = pair_rows(lanes, N)  # W's rows behind each lane
+    else:
+        cols = lanes
+        col_ok = cols < N
     k_start = pid_k * k_per_split
     k_end = tl.minimum(k_start + k_per_split, K)
     WORDS: tl.constexpr = INT4 and UNPACK == SUBNORMAL  # int4 read as int32 words of 8 nibbles (w_ptr: int32)
@@ -352,32 +365,42 @@ def _quantized_gemv_kernel(
         acc2 = _row_sums(acc2, row_scale, DEFER_SUM, SCALE)
     if ROWS > 3:
         acc3 = _row_sums(acc3, row_scale, DEFER_SUM, SCALE)
+    blocks = tl.num_programs(0)
     if SPLIT:
         num_slices = tl.num_programs(1)
-        part = part_ptr + pid_k * ROWS * N  # this slice's [ROWS, N] of float32 sums
-        tl.store(part + cols, acc0, mask=col_ok)
+        part_n = blocks * BLOCK_N
+        part = part_ptr + pid_k * ROWS * part_n  # this slice's [ROWS, blocks * BLOCK_N] of float32 sums
+        tl.store(part + lanes, acc0, mask=col_ok)
         if ROWS > 1:
-            tl.store(part + N + cols, acc1, mask=col_ok)
+            tl.store(part + part_n + lanes, acc1, mask=col_ok)
         if ROWS > 2:
-            tl.store(part + 2 * N + cols, acc2, mask=col_ok)
+            tl.store(part + 2 * part_n + lanes, acc2, mask=col_ok)
         if ROWS > 3:
-            tl.store(part + 3 * N + cols, acc3, mask=col_ok)
+            tl.store(part + 3 * part_n + lanes, acc3, mask=col_ok)
         # Every thread's sums are written before the program counts itself done (the barrier), and the count is
         # an acquire-release atomic: the program that counts last sees every slice's sums.
         tl.debug_barrier()
         done_before = tl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel")
         if done_before == num_slices - 1:
             for r in tl.static_range(ROWS):
-                _add_slices(part_ptr + r * N, out_ptr + r * stride_om, cols, col_ok, num_slices, ROWS * N)
+                total = _add_slices(part_ptr + r * part_n, lanes, col_ok, num_slices, ROWS * part_n)
+                finish_row(total, r, lanes, col_ok, N, out_ptr, stride_om, res_ptr, stride_rm, sq_ptr, EPILOGUE,
+                           BLOCK_N)
             tl.atomic_xchg(count_ptr + pid_n, 0, sem="relaxed")  # ready for the next launch (or graph replay)
+            if EPILOGUE == ADD_RMS_NORM:
+                norm_when_last(out_ptr, stride_om, res_ptr, stride_rm, norm_w_ptr, sq_ptr, count_ptr + blocks, N,
+                               eps, ROWS)
     else:
-        tl.store(out_ptr + cols, acc0.to(out_ptr.dtype.element_ty), mask=col_ok)
+        finish_row(acc0, 0, lanes, col_ok, N, out_ptr, stride_om, res_ptr, stride_rm, sq_ptr, EPILOGUE, BLOCK_N)
         if ROWS > 1:
-            tl.store(out_ptr + stride_om + cols, acc1.to(out_ptr.dtype.element_ty), mask=col_ok)
+            finish_row(acc1, 1, lanes, col_ok, N, out_ptr, stride_om, res_ptr, stride_rm, sq_ptr, EPILOGUE, BLOCK_N)
         if ROWS > 2:
-            tl.store(out_ptr + 2 * stride_om + cols, acc2.to(out_ptr.dtype.element_ty), mask=col_ok)
+            finish_row(acc2, 2, lanes, col_ok, N, out_ptr, stride_om, res_ptr, stride_rm, sq_ptr, EPILOGUE, BLOCK_N)
         if ROWS > 3:
-            tl.store(out_ptr + 3 * stride_om + cols, acc3.to(out_ptr.dtype.element_ty), mask=col_ok)
+            finish_row(acc3, 3, lanes, col_ok, N, out_ptr, stride_om, res_ptr, stride_rm, sq_ptr, EPILOGUE, BLOCK_N)
+        if EPILOGUE == ADD_RMS_NORM:
+            norm_when_last(out_ptr, stride_om, res_ptr, stride_rm, norm_w_ptr, sq_ptr, count_ptr + blocks, N, eps,
+                           ROWS)
 
 
 @device_kernel
@@ -546,13 +569,9 @@ def _meta(t: torch.Tensor) -> tuple:
     return t.shape, t.stride(), t.dtype, t.device
 
 
-def quantized_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, method: str, *,
-                     config: QuantMatmulConfig | None = None, split_k: int | None = None) -> torch.Tensor:
-    """``x [M, K] @ dequantize(qweight, scales)^T`` -> ``[M, N]`` in ``x``'s dtype.
-
-    ``config``: by default ``launch_config.LAUNCH_TABLE``'s entry for ``M``'s regime; ``split_k`` (gemv only)
-    overrides the heuristic's number of K slices.
-    """
+def _plan(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, method: str,
+          config: QuantMatmulConfig | None, split_k: int | None) -> tuple[int, int, int, QuantMatmulConfig, int]:
+    """(M, N, K, the launch's config, its slices of K): the layout checked once per layout, the table's entry."""
     key = (_meta(x), _meta(qweight), _meta(scales), method)
     shape = _CHECKED.get(key)
     if shape is None:  # first call with this layout: check it (every later layer of a step finds it here)
@@ -568,7 +587,17 @@ def quantized_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tenso
         if not fits_method(config, method):
             raise ValueError(f"int4 needs block_k to be a multiple of {GROUP_SIZE}, got {config.block_k}")
         heuristic_split = choose_split_k(m, n, k, num_sms, config)
-    split_k = heuristic_split if split_k is None else split_k
+    return m, n, k, config, heuristic_split if split_k is None else split_k
+
+
+def quantized_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, method: str, *,
+                     config: QuantMatmulConfig | None = None, split_k: int | None = None) -> torch.Tensor:
+    """``x [M, K] @ dequantize(qweight, scales)^T`` -> ``[M, N]`` in ``x``'s dtype.
+
+    ``config``: by default ``launch_config.LAUNCH_TABLE``'s entry for ``M``'s regime; ``split_k`` (gemv only)
+    overrides the heuristic's number of K slices.
+    """
+    m, n, k, config, split_k = _plan(x, qweight, scales, method, config, split_k)
     if m == 0:
         return x.new_empty((0, n))
     int4 = method == "int4"
@@ -579,33 +608,94 @@ def quantized_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tenso
     return _dequant_then_cublas(x, qweight, scales, n, k, int4, config)
 
 
-def _gemv(x, qweight, scales, m, n, k, int4, config, split_k) -> torch.Tensor:
+def _folds(m: int, config: QuantMatmulConfig) -> bool:
+    """Whether this launch's finishing programs can take the next kernel's work: the GEMV, a few rows of x."""
+    return config.kernel == "gemv" and 0 < m <= GEMV_MAX_ROWS and config.block_n >= 2
+
+
+def quantized_silu_and_mul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, method: str, *,
+                           config: QuantMatmulConfig | None = None, split_k: int | None = None) -> torch.Tensor:
+    """``silu(gate) * up`` of ``x @ W^T``, W's rows the gate rows then the up rows (m10's packed ``gate_up_proj``):
+    ``[M, N // 2]``. In the GEMV's finishing programs (``gemv_epilogues.py``); at more rows, the matmul and then
+    m12's kernel."""
+    m, n, k, config, split_k = _plan(x, qweight, scales, method, config, split_k)
+    if n % 2:
+        raise ValueError(f"silu_and_mul needs gate and up rows in equal numbers, got N = {n}")
+    if not _folds(m, config):
+        return silu_and_mul(quantized_matmul(x, qweight, scales, method, config=config, split_k=split_k))
+    return _gemv(x, qweight, scales, m, n, k, method == "int4", config, split_k, _Epilogue("silu_and_mul"))
+
+
+def quantized_add_rms_norm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, method: str,
+                           residual: torch.Tensor, norm_weight: torch.Tensor, eps: float, *,
+                           config: QuantMatmulConfig | None = None, split_k: int | None = None) -> torch.Tensor:
+    """``residual += x @ W^T`` (in place, in ``residual``'s dtype); returns ``RMSNorm(residual) * norm_weight``,
+    m12's ``add_rms_norm`` after the matmul. In the GEMV's finishing programs (``gemv_epilogues.py``); at more
+    rows, the matmul and then m12's kernel."""
+    m, n, k, config, split_k = _plan(x, qweight, scales, method, config, split_k)
+    if (tuple(residual.shape) != (m, n) or residual.dtype != x.dtype or residual.stride(-1) != 1
+            or tuple(norm_weight.shape) != (n,) or not norm_weight.is_contiguous()
+            or not x.device == residual.device == norm_weight.device):
+        raise ValueError(f"add_rms_norm needs the residual as [M, N] = [{m}, {n}] in x's dtype ({x.dtype}), rows "
+                         f"contiguous, and a contiguous norm weight [{n}], on x's device; got residual "
+                         f"{residual.dtype} {tuple(residual.shape)}, norm weight {tuple(norm_weight.shape)}")
+    if not _folds(m, config):
+        return add_rms_norm(quantized_matmul(x, qweight, scales, method, config=config, split_k=split_k), residual,
+                            norm_weight, eps)
+    return _gemv(x, qweight, scales, m, n, k, method == "int4", config, split_k,
+                 _Epilogue("add_rms_norm", residual, norm_weight, eps))
+
+
+@dataclass(frozen=True)
+class _Epilogue:
+    """What the GEMV's finishing programs do with their sums (``gemv_epilogues.py``): ``name`` one of
+    ``EPILOGUES``; ``add_rms_norm`` also takes the residual stream (updated in place) and the norm."""
+
+    name: str = "none"
+    residual: torch.Tensor | None = None
+    norm_weight: torch.Tensor | None = None
+    eps: float = 0.0
+
+
+def _gemv(x, qweight, scales, m, n, k, int4, config, split_k, epilogue: _Epilogue = _Epilogue()) -> torch.Tensor:
     if not 1 <= split_k <= MAX_SPLIT_K:
         raise ValueError(f"split_k must be in [1, {MAX_SPLIT_K}], got {split_k}")
     if m > GEMV_MAX_ROWS:  # the kernel holds one accumulator per row of x: a few rows per launch
+        if epilogue.name != "none":
+            raise ValueError(f"a GEMV epilogue takes at most {GEMV_MAX_ROWS} rows of x, got {m}")
         return torch.cat([_gemv(x[i:i + GEMV_MAX_ROWS], qweight, scales, min(GEMV_MAX_ROWS, m - i), n, k, int4,
                                 config, split_k) for i in range(0, m, GEMV_MAX_ROWS)])
     k_per_split = -(-k // (split_k * config.block_k)) * config.block_k
     split_k = -(-k // k_per_split)  # slices that hold at least one step of K
-    out = x.new_empty((m, n))
-    if split_k > 1:  # each slice's float32 sums, and a counter per row block (see the kernel's docstring)
-        partial_sums = torch.empty((split_k, m, n), dtype=torch.float32, device=x.device)
-        counters = _split_counters(x.device, triton.cdiv(n, config.block_n))
-    else:
-        partial_sums = counters = out  # not read
-    even = n % config.block_n == 0 and k % config.block_k == 0 and k_per_split % config.block_k == 0
+    silu = epilogue.name == "silu_and_mul"
+    outputs = n // 2 if silu else n  # silu_and_mul: W's rows are gate/up pairs, one output each
+    per_block = config.block_n // 2 if silu else config.block_n
+    blocks = triton.cdiv(outputs, per_block)
+    out = x.new_empty((m, outputs))
+    partial_sums = counters = squares = out  # not read unless split, or normalised (see the kernel's docstring)
+    if split_k > 1:  # each slice's float32 sums, and a counter per row block
+        partial_sums = torch.empty((split_k, m, blocks * config.block_n), dtype=torch.float32, device=x.device)
+    if split_k > 1 or epilogue.name == "add_rms_norm":  # the norm counts the blocks after the row blocks' counts
+        counters = _split_counters(x.device, blocks + 1)
+    residual = norm_weight = out
+    if epilogue.name == "add_rms_norm":
+        residual, norm_weight = epilogue.residual, epilogue.norm_weight
+        squares = torch.empty((m, blocks), dtype=torch.float32, device=x.device)
+    even = outputs % per_block == 0 and k % config.block_k == 0 and k_per_split % config.block_k == 0
     words = int4 and config.unpack == "subnormal"
     if words:  # the kernel reads int4 as int32 words of 8 nibbles (rows of K // 2 bytes: whole words)
         qweight = qweight.view(torch.int32)
     width = GROUP_SIZE // 8 if words else GROUP_SIZE // 2 if int4 else config.block_k  # elements a row load reads
     per_thread = m * config.block_n * width // (32 * config.num_warps)  # the deferred sums' registers
-    _quantized_gemv_kernel[(triton.cdiv(n, config.block_n), split_k)](
-        x, qweight, scales, out, partial_sums, counters, n, k, k_per_split,
-        x.stride(0), qweight.stride(0), scales.stride(0), scales.stride(-1), out.stride(0),
+    _quantized_gemv_kernel[(blocks, split_k)](
+        x, qweight, scales, out, partial_sums, counters, residual, norm_weight, squares, outputs, k, k_per_split,
+        epilogue.eps, x.stride(0), qweight.stride(0), scales.stride(0), scales.stride(-1), out.stride(0),
+        residual.stride(0),
         INT4=int4, ROWS=m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP=GROUP_SIZE,
         UNPACK=UNPACK_MODES.index(config.unpack), SPLIT=split_k > 1, EVEN=even,
         DEFER_SUM=config.defer_sum and per_thread <= MAX_DEFERRED_PER_THREAD,
-        NUM_STAGES=config.num_stages, TILED=qweight.dim() == 4, num_warps=config.num_warps,
+        NUM_STAGES=config.num_stages, TILED=qweight.dim() == 4, EPILOGUE=epilogue_index(epilogue.name),
+        num_warps=config.num_warps,
     )
     return out
 

@@ -1,0 +1,99 @@
+"""What the batch-1 GEMV does with its sums before it stores them: the small kernels after a matmul, folded in.
+
+At batch 1 a decode step is ~400 kernels, and each small one (an add and a norm over 4,096 values, a SiLU over
+12,288) costs 1-3 µs however little it reads: its launch, its first loads' latency, and the wait for the kernel
+before it. The int4 GEMV already ends in a *finishing program* per block of outputs (the last of its K slices to
+finish adds the slices' sums: ``matmul_kernels.py``), which holds those outputs in registers. So the work of the
+kernel after it can be done there, with no launch of its own:
+
+* ``silu_and_mul`` (after ``gate_up_proj``): a program takes W's gate rows ``i`` and up rows ``N/2 + i`` side
+  by side, so each output ``silu(gate_i) * up_i`` is finished in the program that computed both. Nothing is
+  reordered in memory: the program's rows are simply not contiguous (``pair_rows``). The gate and up values are
+  rounded to the activations' dtype first, as the unfused path stores them: the result is the same to the bit.
+* ``add_rms_norm`` (after ``o_proj`` and ``down_proj``): the norm needs every output, so it is finished in two
+  parts. Each finishing program adds its block into the residual stream (in place, rounded as the unfused
+  addition is) and writes its block's sum of squares; then it counts itself done, and the last to count (an
+  acquire-release atomic, as for the slices) adds the blocks' sums of squares in block order and writes the
+  normalised row. Only the order of that sum differs from m12's kernel, so the result may differ in the last
+  bit.
+
+vLLM fuses the same neighbours in its own way (``fused_add_rms_norm`` and ``silu_and_mul`` are single kernels
+there, and its compile passes fuse a norm into the quantization before a matmul); folding them into the GEMV's
+finish is what a batch-1 step, made of launches, asks for.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+NO_EPILOGUE = tl.constexpr(0)
+SILU_AND_MUL = tl.constexpr(1)
+ADD_RMS_NORM = tl.constexpr(2)
+EPILOGUES = ("none", "silu_and_mul", "add_rms_norm")  # the kernel's numbering
+NORM_BLOCK = tl.constexpr(1024)  # add_rms_norm: values the last program normalises per loop step
+
+
+@triton.jit
+def pair_rows(lanes, N):
+    """``SILU_AND_MUL``: a program's lanes ``2i`` and ``2i + 1`` are W's rows ``i`` (gate) and ``N + i`` (up),
+    for the ``N`` outputs ``silu(gate) * up``; returns (W's rows, the outputs' mask)."""
+    pair = lanes // 2
+    return pair + (lanes % 2) * N, pair < N
+
+
+@triton.jit
+def finish_row(total, r, lanes, ok, N, out_ptr, stride_om, res_ptr, stride_rm, sq_ptr,
+               EPILOGUE: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Row ``r`` of x's finished float32 sums for this program's ``BLOCK_N`` lanes: stored as the output, or as
+    ``silu(gate) * up``, or added into the residual stream with the block's sum of squares written for the
+    norm (``norm_when_last``)."""
+    dtype = out_ptr.dtype.element_ty
+    if EPILOGUE == SILU_AND_MUL:
+        gate, up = tl.split(tl.reshape(total, [BLOCK_N // 2, 2]))
+        gate = gate.to(dtype).to(tl.float32)  # rounded as the unfused path stores gate_up
+        up = up.to(dtype).to(tl.float32)
+        pairs = tl.program_id(0) * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
+        tl.store(out_ptr + r * stride_om + pairs, (gate / (1.0 + tl.exp(-gate)) * up).to(dtype), mask=pairs < N)
+    elif EPILOGUE == ADD_RMS_NORM:
+        residual = res_ptr + r * stride_rm + lanes
+        summed = total.to(dtype).to(tl.float32) + tl.load(residual, mask=ok, other=0.0).to(tl.float32)
+        summed = summed.to(dtype)  # the residual stream keeps the model's dtype
+        tl.store(residual, summed, mask=ok)
+        s = tl.where(ok, summed.to(tl.float32), 0.0)
+        tl.store(sq_ptr + r * tl.num_programs(0) + tl.program_id(0), tl.sum(s * s, axis=0))
+    else:
+        tl.store(out_ptr + r * stride_om + lanes, total.to(dtype), mask=ok)
+
+
+@triton.jit
+def norm_when_last(out_ptr, stride_om, res_ptr, stride_rm, norm_w_ptr, sq_ptr, count_ptr, N, eps,
+                   ROWS: tl.constexpr):
+    """``ADD_RMS_NORM``, after a finishing program has added its block into the residual: it counts itself done
+    (``count_ptr``, zero between launches), and the last of the blocks to count normalises every row of x,
+    from the blocks' sums of squares added in block order, then sets the count back to zero."""
+    tl.debug_barrier()  # every thread's residual and sum of squares are written before the count (release)
+    blocks = tl.num_programs(0)
+    done_before = tl.atomic_add(count_ptr, 1, sem="acq_rel")
+    if done_before == blocks - 1:
+        dtype = out_ptr.dtype.element_ty
+        for r in tl.static_range(ROWS):
+            squares = tl.zeros([NORM_BLOCK], tl.float32)
+            for b0 in range(0, blocks, NORM_BLOCK):
+                b = b0 + tl.arange(0, NORM_BLOCK)
+                squares += tl.load(sq_ptr + r * blocks + b, mask=b < blocks, other=0.0, cache_modifier=".cg")
+            inv_rms = 1.0 / tl.sqrt(tl.sum(squares, axis=0) / N + eps)
+            for c0 in range(0, N, NORM_BLOCK):
+                c = c0 + tl.arange(0, NORM_BLOCK)
+                s = tl.load(res_ptr + r * stride_rm + c, mask=c < N, other=0.0, cache_modifier=".cg")
+                w = tl.load(norm_w_ptr + c, mask=c < N, other=0.0)
+                tl.store(out_ptr + r * stride_om + c, (s.to(tl.float32) * inv_rms * w.to(tl.float32)).to(dtype),
+                         mask=c < N)
+        tl.atomic_xchg(count_ptr, 0, sem="relaxed")  # ready for the next launch (or graph replay)
+
+
+def epilogue_index(name: str) -> int:
+    if name not in EPILOGUES:
+        raise ValueError(f"unknown GEMV epilogue {name!r}: use one of {', '.join(EPILOGUES)}")
+    return EPILOGUES.index(name)
+
