@@ -76,6 +76,12 @@ def matmul_jobs(candidates: bool, quick: bool = False):
                             matmul_kernels.quantized_silu_and_mul(x, weight, s, method, **launch)
                             matmul_kernels.quantized_add_rms_norm(x, weight, s, method, torch.zeros(m, n, dtype=dtype),
                                                                   torch.ones(n, dtype=dtype), 1e-6, **launch)
+                    if config.kernel == "gemv":  # the norm over Qwen3-8B's hidden size: its widest load
+                        hidden = 4096
+                        w, s = (torch.zeros(hidden, k, dtype=torch.int8), torch.ones(hidden)) if method == "int8" else \
+                            (tile_int4(torch.zeros(hidden, k // 2, dtype=torch.uint8)), torch.ones(hidden, k // 128))
+                        matmul_kernels.quantized_add_rms_norm(x, w, s, method, torch.zeros(m, hidden, dtype=dtype),
+                                                              torch.ones(hidden, dtype=dtype), 1e-6, config=config)
                 jobs.append((f"matmul {method} {label} M={m} {str(dtype)[6:]}", job))
     return jobs
 

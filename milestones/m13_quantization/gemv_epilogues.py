@@ -31,7 +31,7 @@ NO_EPILOGUE = tl.constexpr(0)
 SILU_AND_MUL = tl.constexpr(1)
 ADD_RMS_NORM = tl.constexpr(2)
 EPILOGUES = ("none", "silu_and_mul", "add_rms_norm")  # the kernel's numbering
-NORM_BLOCK = tl.constexpr(1024)  # add_rms_norm: values the last program normalises per loop step
+NORM_MAX_N = 4096  # add_rms_norm: values the last program loads at once (more would spill its registers)
 
 
 @triton.jit
@@ -68,27 +68,38 @@ def finish_row(total, r, lanes, ok, N, out_ptr, stride_om, res_ptr, stride_rm, s
 
 @triton.jit
 def norm_when_last(out_ptr, stride_om, res_ptr, stride_rm, norm_w_ptr, sq_ptr, count_ptr, N, eps,
-                   ROWS: tl.constexpr):
+                   ROWS: tl.constexpr, NORM_N: tl.constexpr, NORM_WHOLE: tl.constexpr, BLOCKS_N: tl.constexpr):
     """``ADD_RMS_NORM``, after a finishing program has added its block into the residual: it counts itself done
     (``count_ptr``, zero between launches), and the last of the blocks to count normalises every row of x,
-    from the blocks' sums of squares added in block order, then sets the count back to zero."""
+    from the blocks' sums of squares added in block order, then sets the count back to zero.
+
+    The last program's work is one chain of latencies (the count, then its loads, then its stores), so its loads
+    go out together: the norm weight before the count, each row's sums of squares (``BLOCKS_N``: the blocks,
+    rounded up to a power of two) beside its values, ``NORM_N`` of them a load (N rounded up to a power of two,
+    or a slice of it where that would take too many registers: then ``NORM_WHOLE`` is false)."""
+    c = tl.arange(0, NORM_N)
+    if NORM_WHOLE:  # N in one load: the weight goes out before the count
+        w_whole = tl.load(norm_w_ptr + c, mask=c < N, other=0.0).to(tl.float32)
     tl.debug_barrier()  # every thread's residual and sum of squares are written before the count (release)
     blocks = tl.num_programs(0)
     done_before = tl.atomic_add(count_ptr, 1, sem="acq_rel")
     if done_before == blocks - 1:
         dtype = out_ptr.dtype.element_ty
+        b = tl.arange(0, BLOCKS_N)
         for r in tl.static_range(ROWS):
-            squares = tl.zeros([NORM_BLOCK], tl.float32)
-            for b0 in range(0, blocks, NORM_BLOCK):
-                b = b0 + tl.arange(0, NORM_BLOCK)
-                squares += tl.load(sq_ptr + r * blocks + b, mask=b < blocks, other=0.0, cache_modifier=".cg")
-            inv_rms = 1.0 / tl.sqrt(tl.sum(squares, axis=0) / N + eps)
-            for c0 in range(0, N, NORM_BLOCK):
-                c = c0 + tl.arange(0, NORM_BLOCK)
+            squares = tl.load(sq_ptr + r * blocks + b, mask=b < blocks, other=0.0, cache_modifier=".cg")
+            if NORM_WHOLE:
                 s = tl.load(res_ptr + r * stride_rm + c, mask=c < N, other=0.0, cache_modifier=".cg")
-                w = tl.load(norm_w_ptr + c, mask=c < N, other=0.0)
-                tl.store(out_ptr + r * stride_om + c, (s.to(tl.float32) * inv_rms * w.to(tl.float32)).to(dtype),
-                         mask=c < N)
+                inv_rms = 1.0 / tl.sqrt(tl.sum(squares, axis=0) / N + eps)
+                tl.store(out_ptr + r * stride_om + c, (s.to(tl.float32) * inv_rms * w_whole).to(dtype), mask=c < N)
+            else:
+                inv_rms = 1.0 / tl.sqrt(tl.sum(squares, axis=0) / N + eps)
+                for c0 in range(0, N, NORM_N):
+                    cs = c0 + c
+                    s = tl.load(res_ptr + r * stride_rm + cs, mask=cs < N, other=0.0, cache_modifier=".cg")
+                    w = tl.load(norm_w_ptr + cs, mask=cs < N, other=0.0)
+                    tl.store(out_ptr + r * stride_om + cs, (s.to(tl.float32) * inv_rms * w.to(tl.float32)).to(dtype),
+                             mask=cs < N)
         tl.atomic_xchg(count_ptr, 0, sem="relaxed")  # ready for the next launch (or graph replay)
 
 

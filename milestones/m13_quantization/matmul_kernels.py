@@ -71,7 +71,7 @@ from milestones.m08_triton_kernel.device_kernel import device_kernel, runs_inter
 from milestones.m08_triton_kernel.launch_config import sm_count
 from milestones.m12_async_scheduling.fused_kernels import add_rms_norm, silu_and_mul
 
-from .gemv_epilogues import ADD_RMS_NORM, SILU_AND_MUL, epilogue_index, finish_row, norm_when_last, pair_rows
+from .gemv_epilogues import NORM_MAX_N, ADD_RMS_NORM, SILU_AND_MUL, epilogue_index, finish_row, norm_when_last, pair_rows
 from .launch_config import UNPACK_MODES, QuantMatmulConfig, choose_launch, choose_split_k, fits_method
 from .quantize import GROUP_SIZE, QUANTIZATION_METHODS, TILE_ROWS, untile_int4
 
@@ -240,7 +240,8 @@ def _quantized_gemv_kernel(
     stride_xm, stride_wn, stride_sn, stride_sg, stride_om, stride_rm,
     INT4: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP: tl.constexpr, UNPACK: tl.constexpr, SPLIT: tl.constexpr, EVEN: tl.constexpr, DEFER_SUM: tl.constexpr,
-    NUM_STAGES: tl.constexpr, TILED: tl.constexpr, EPILOGUE: tl.constexpr,
+    NUM_STAGES: tl.constexpr, TILED: tl.constexpr, EPILOGUE: tl.constexpr, NORM_N: tl.constexpr,
+    NORM_WHOLE: tl.constexpr, BLOCKS_N: tl.constexpr,
 ):
     """One program: output rows [pid_n * BLOCK_N, +BLOCK_N) for the ``ROWS`` (1-4) rows of x, over its slice of K.
 
@@ -389,7 +390,7 @@ def _quantized_gemv_kernel(
             tl.atomic_xchg(count_ptr + pid_n, 0, sem="relaxed")  # ready for the next launch (or graph replay)
             if EPILOGUE == ADD_RMS_NORM:
                 norm_when_last(out_ptr, stride_om, res_ptr, stride_rm, norm_w_ptr, sq_ptr, count_ptr + blocks, N,
-                               eps, ROWS)
+                               eps, ROWS, NORM_N, NORM_WHOLE, BLOCKS_N)
     else:
         finish_row(acc0, 0, lanes, col_ok, N, out_ptr, stride_om, res_ptr, stride_rm, sq_ptr, EPILOGUE, BLOCK_N)
         if ROWS > 1:
@@ -400,7 +401,7 @@ def _quantized_gemv_kernel(
             finish_row(acc3, 3, lanes, col_ok, N, out_ptr, stride_om, res_ptr, stride_rm, sq_ptr, EPILOGUE, BLOCK_N)
         if EPILOGUE == ADD_RMS_NORM:
             norm_when_last(out_ptr, stride_om, res_ptr, stride_rm, norm_w_ptr, sq_ptr, count_ptr + blocks, N, eps,
-                           ROWS)
+                           ROWS, NORM_N, NORM_WHOLE, BLOCKS_N)
 
 
 @device_kernel
@@ -687,6 +688,7 @@ def _gemv(x, qweight, scales, m, n, k, int4, config, split_k, epilogue: _Epilogu
         qweight = qweight.view(torch.int32)
     width = GROUP_SIZE // 8 if words else GROUP_SIZE // 2 if int4 else config.block_k  # elements a row load reads
     per_thread = m * config.block_n * width // (32 * config.num_warps)  # the deferred sums' registers
+    norm_max = NORM_MAX_N if m <= 2 else NORM_MAX_N // 4  # more rows: the loop's registers leave less room
     _quantized_gemv_kernel[(blocks, split_k)](
         x, qweight, scales, out, partial_sums, counters, residual, norm_weight, squares, outputs, k, k_per_split,
         epilogue.eps, x.stride(0), qweight.stride(0), scales.stride(0), scales.stride(-1), out.stride(0),
@@ -695,6 +697,8 @@ def _gemv(x, qweight, scales, m, n, k, int4, config, split_k, epilogue: _Epilogu
         UNPACK=UNPACK_MODES.index(config.unpack), SPLIT=split_k > 1, EVEN=even,
         DEFER_SUM=config.defer_sum and per_thread <= MAX_DEFERRED_PER_THREAD,
         NUM_STAGES=config.num_stages, TILED=qweight.dim() == 4, EPILOGUE=epilogue_index(epilogue.name),
+        NORM_N=min(triton.next_power_of_2(outputs), norm_max), NORM_WHOLE=triton.next_power_of_2(outputs) <= norm_max,
+        BLOCKS_N=triton.next_power_of_2(blocks),
         num_warps=config.num_warps,
     )
     return out
