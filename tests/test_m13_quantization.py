@@ -709,8 +709,7 @@ def test_the_server_serves_a_quantized_engine_with_vllms_flags(groupable_checkpo
 
 
 def test_a_cpu_with_float8_support_is_accepted():
-    from milestones.m13_quantization.epilogue_layers import EpilogueQwen3Model  # noqa: E402
-from milestones.m13_quantization.fp8_kv_cache import fp8_unsupported_reason
+    from milestones.m13_quantization.fp8_kv_cache import fp8_unsupported_reason
 
     assert fp8_unsupported_reason(torch.device("cpu"), "torch") is None
 
