@@ -265,8 +265,8 @@ EPILOGUE_CASES = [(LAUNCH_TABLE["int4"]["gemv"], "int4"), (LAUNCH_TABLE["int8"][
 @pytest.mark.parametrize("split_k", [1, 3])
 @pytest.mark.parametrize("n, dtype", [(80, torch.float32), (96, torch.bfloat16)], ids=["tails-fp32", "whole-bf16"])
 def test_gemv_epilogues_finish_what_m12s_kernels_would(config, method, rows, split_k, dtype, n):
-    """The GEMV's finishing programs do the next kernel's work: SiLU * up to the bit (gate and up rounded as
-    stored), the residual added to the bit, the norm up to the order of its sum of squares; every counter is
+    """The GEMV's finishing programs do the next kernel's work: SiLU * up to the bit in bf16 (gate and up rounded
+    as stored), the residual added to the bit, the norm up to the order of its sum of squares; every counter is
     back at zero afterwards, and a second launch gives the same bits."""
     from milestones.m12_async_scheduling.fused_kernels import add_rms_norm, silu_and_mul
     from milestones.m13_quantization import matmul_kernels
@@ -275,7 +275,11 @@ def test_gemv_epilogues_finish_what_m12s_kernels_would(config, method, rows, spl
     launch = dict(config=config, split_k=split_k)
     product = quantized_matmul(x, qweight, scales, method, **launch)
     act = quantized_silu_and_mul(x, qweight, scales, method, **launch)
-    assert act.shape == (rows, n // 2) and torch.equal(act, silu_and_mul(product))
+    assert act.shape == (rows, n // 2)
+    if CUDA and dtype == torch.float32:  # compiled, two kernels may contract a product into an FMA differently
+        torch.testing.assert_close(act, silu_and_mul(product), rtol=1e-6, atol=1e-7)
+    else:  # in the model's dtype gate and up are rounded first: the same bits
+        assert torch.equal(act, silu_and_mul(product))
     gen = torch.Generator().manual_seed(6)
     residual = torch.randn(rows, n, generator=gen).to(dtype).to(DEVICE)
     weight = (1 + torch.randn(n, generator=gen) / 4).to(dtype).to(DEVICE)

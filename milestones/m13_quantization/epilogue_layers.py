@@ -14,6 +14,13 @@ and SiLU * up after ``gate_up_proj``. Here those three are done by the GEMV's fi
 Three kernels fewer per layer (108 of a Qwen3-8B step's 401). Beyond the GEMV's rows (``GEMV_MAX_M``) the
 same calls run the matmul and then m12's kernel; an unquantized layer, or one on the torch reference, keeps
 m12's path.
+
+Which epilogues pay was measured on the H200 (calls 57-58, ``docs/m13-quantization.md``, "A seventh guess"):
+SiLU * up costs its GEMV almost nothing and saves a kernel (gate_up 22.2 µs a launch against 23.6 with m12's
+kernel after it, batch 1); the norm costs the GEMV about what m12's kernel costs (its last program waits for
+the count, then loads and stores a row: a chain of latencies), so it pays only in the kernel boundaries it
+saves, at one row; at two rows it cost 2.3 µs a launch more, and the step keeps m12's kernel there
+(``NORM_EPILOGUE_MAX_ROWS``).
 """
 
 from __future__ import annotations
@@ -27,17 +34,20 @@ from .matmul_kernels import quantized_add_rms_norm, quantized_silu_and_mul
 from .quantize import QuantizedLinear
 
 
+NORM_EPILOGUE_MAX_ROWS = 1  # the add + norm epilogue's rows of x, at most (measured: above)
+
+
 def _on_triton(proj: nn.Module) -> bool:
     return isinstance(proj, QuantizedLinear) and proj.kernel == "triton" and proj.bias is None
 
 
 class EpilogueQwen3Model(FusedQwen3Model):
-    """``FusedQwen3Model`` whose quantized ``o_proj``, ``down_proj`` and ``gate_up_proj`` finish the add + norm or
-    SiLU * up in their own kernel."""
+    """``FusedQwen3Model`` whose quantized ``gate_up_proj`` finishes SiLU * up in its own kernel, and ``o_proj``
+    and ``down_proj`` the add + norm at one row."""
 
     def project_add_norm(self, proj: nn.Module, x: torch.Tensor, residual: torch.Tensor,
                          norm: nn.Module) -> torch.Tensor:
-        if not _on_triton(proj):
+        if not _on_triton(proj) or x.shape[0] > NORM_EPILOGUE_MAX_ROWS:
             return super().project_add_norm(proj, x, residual, norm)
         return quantized_add_rms_norm(x, proj.qweight, proj.scales, proj.method, residual, norm.weight, norm.eps)
 
