@@ -1,6 +1,6 @@
 """One GPU call: m13's decode graphs with the GEMV epilogues (gemv_epilogues.py) against m12's fused layers.
 
-The batch-1 step of qwen3-8b-random runs 401 kernels; three per layer (add + norm after o_proj and down_proj,
+The batch-1 step of qwen3-8b-random runs 400 kernels; three per layer (add + norm after o_proj and down_proj,
 SiLU * up after gate_up) now run in the GEMV's finishing programs. Modes (quant_step, batch 1 and 2, 5
 interleaved rounds, 512 keys):
     bf16          m13's bf16 engine (m12's fused layers: unchanged)
@@ -106,7 +106,7 @@ def main(out_dir: str) -> None:
     with open(f"{out_dir}/m13_step_kernels_epilogues.json", "w") as f:
         json.dump(profiles, f, indent=1)
     with open(f"{out_dir}/m13_epilogue_tokens.json", "w") as f:
-        json.dump({"check": check, "tokens": TOKENS}, f)
+        json.dump({"env": environment("cuda"), "check": check, "tokens": TOKENS}, f)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,6 @@
 """m13's engine: the previous milestone's, with weights and K/V stored in fewer bytes.
 
-Three overrides, each at the moment its memory is decided (and a fourth, ``model_for_graphs``: the decode
-graphs' quantized matmuls finish the small kernel after them, ``epilogue_layers.py``):
+Four overrides, the first three at the moment their memory is decided:
 
 * ``load_model`` (m01's seam, before anything else is sized): with ``quantization`` set, a preset is built and
   quantized one decoder layer at a time, a checkpoint loaded and then quantized layer by layer
@@ -14,8 +13,10 @@ graphs' quantized matmuls finish the small kernel after them, ``epilogue_layers.
 * ``make_attention`` (m05's seam): while an FP8 cache still waits for its scales (``calculate_kv_scales``),
   the step stores through the cache's torch ``write``, which sets them from the K/V it is given, and runs
   eagerly (``replays_mixed_steps``: m12's graphs store through the kernels). That is the engine's first step.
+* ``model_for_graphs`` (m10's seam): a quantized engine's decode graphs record ``EpilogueQwen3Model``, m12's fused
+  layers whose GEMVs finish the small kernel after them (``epilogue_layers.py``).
 
-Nothing else changes: the scheduler, the blocks and the CUDA graphs work as before, on fewer bytes.
+Nothing else changes: the scheduler and the blocks work as before, on fewer bytes.
 """
 
 from __future__ import annotations

@@ -9,11 +9,12 @@ kernel after it can be done there, with no launch of its own:
 * ``silu_and_mul`` (after ``gate_up_proj``): a program takes W's gate rows ``i`` and up rows ``N/2 + i`` side
   by side, so each output ``silu(gate_i) * up_i`` is finished in the program that computed both. Nothing is
   reordered in memory: the program's rows are simply not contiguous (``pair_rows``). The gate and up values are
-  rounded to the activations' dtype first, as the unfused path stores them: the result is the same to the bit.
+  rounded to the activations' dtype first, as the unfused path stores them: in bf16 or fp16 the result is the
+  same to the bit (in float32 a compiler may contract a product into a fused multiply-add differently).
 * ``add_rms_norm`` (after ``o_proj`` and ``down_proj``): the norm needs every output, so it is finished in two
   parts. Each finishing program adds its block into the residual stream (in place, rounded as the unfused
   addition is) and writes its block's sum of squares; then it counts itself done, and the last to count (an
-  acquire-release atomic, as for the slices) adds the blocks' sums of squares in block order and writes the
+  acquire-release atomic, as for the slices) adds the blocks' sums of squares in a fixed order and writes the
   normalised row. Only the order of that sum differs from m12's kernel, so the result may differ in the last
   bit.
 
@@ -27,7 +28,6 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-NO_EPILOGUE = tl.constexpr(0)
 SILU_AND_MUL = tl.constexpr(1)
 ADD_RMS_NORM = tl.constexpr(2)
 EPILOGUES = ("none", "silu_and_mul", "add_rms_norm")  # the kernel's numbering
@@ -71,7 +71,7 @@ def norm_when_last(out_ptr, stride_om, res_ptr, stride_rm, norm_w_ptr, sq_ptr, c
                    ROWS: tl.constexpr, NORM_N: tl.constexpr, NORM_WHOLE: tl.constexpr, BLOCKS_N: tl.constexpr):
     """``ADD_RMS_NORM``, after a finishing program has added its block into the residual: it counts itself done
     (``count_ptr``, zero between launches), and the last of the blocks to count normalises every row of x,
-    from the blocks' sums of squares added in block order, then sets the count back to zero.
+    from the blocks' sums of squares added in a fixed order, then sets the count back to zero.
 
     The last program's work is one chain of latencies (the count, then its loads, then its stores), so its loads
     go out together: the norm weight before the count, each row's sums of squares (``BLOCKS_N``: the blocks,

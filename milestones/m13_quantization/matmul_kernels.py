@@ -71,7 +71,8 @@ from milestones.m08_triton_kernel.device_kernel import device_kernel, runs_inter
 from milestones.m08_triton_kernel.launch_config import sm_count
 from milestones.m12_async_scheduling.fused_kernels import add_rms_norm, silu_and_mul
 
-from .gemv_epilogues import NORM_MAX_N, ADD_RMS_NORM, SILU_AND_MUL, epilogue_index, finish_row, norm_when_last, pair_rows
+from .gemv_epilogues import (ADD_RMS_NORM, NORM_MAX_N, SILU_AND_MUL, epilogue_index, finish_row, norm_when_last,
+                             pair_rows)
 from .launch_config import UNPACK_MODES, QuantMatmulConfig, choose_launch, choose_split_k, fits_method
 from .quantize import GROUP_SIZE, QUANTIZATION_METHODS, TILE_ROWS, untile_int4
 
@@ -634,10 +635,10 @@ def quantized_add_rms_norm(x: torch.Tensor, qweight: torch.Tensor, scales: torch
     m12's ``add_rms_norm`` after the matmul. In the GEMV's finishing programs (``gemv_epilogues.py``); at more
     rows, the matmul and then m12's kernel."""
     m, n, k, config, split_k = _plan(x, qweight, scales, method, config, split_k)
-    if (tuple(residual.shape) != (m, n) or residual.dtype != x.dtype or residual.stride(-1) != 1
+    if (tuple(residual.shape) != (m, n) or residual.dtype != x.dtype or not residual.is_contiguous()
             or tuple(norm_weight.shape) != (n,) or not norm_weight.is_contiguous()
             or not x.device == residual.device == norm_weight.device):
-        raise ValueError(f"add_rms_norm needs the residual as [M, N] = [{m}, {n}] in x's dtype ({x.dtype}), rows "
+        raise ValueError(f"add_rms_norm needs the residual as [M, N] = [{m}, {n}] in x's dtype ({x.dtype}), "
                          f"contiguous, and a contiguous norm weight [{n}], on x's device; got residual "
                          f"{residual.dtype} {tuple(residual.shape)}, norm weight {tuple(norm_weight.shape)}")
     if not _folds(m, config):
@@ -688,7 +689,6 @@ def _gemv(x, qweight, scales, m, n, k, int4, config, split_k, epilogue: _Epilogu
         qweight = qweight.view(torch.int32)
     width = GROUP_SIZE // 8 if words else GROUP_SIZE // 2 if int4 else config.block_k  # elements a row load reads
     per_thread = m * config.block_n * width // (32 * config.num_warps)  # the deferred sums' registers
-    norm_max = NORM_MAX_N if m <= 2 else NORM_MAX_N // 4  # more rows: the loop's registers leave less room
     _quantized_gemv_kernel[(blocks, split_k)](
         x, qweight, scales, out, partial_sums, counters, residual, norm_weight, squares, outputs, k, k_per_split,
         epilogue.eps, x.stride(0), qweight.stride(0), scales.stride(0), scales.stride(-1), out.stride(0),
@@ -697,11 +697,20 @@ def _gemv(x, qweight, scales, m, n, k, int4, config, split_k, epilogue: _Epilogu
         UNPACK=UNPACK_MODES.index(config.unpack), SPLIT=split_k > 1, EVEN=even,
         DEFER_SUM=config.defer_sum and per_thread <= MAX_DEFERRED_PER_THREAD,
         NUM_STAGES=config.num_stages, TILED=qweight.dim() == 4, EPILOGUE=epilogue_index(epilogue.name),
-        NORM_N=min(triton.next_power_of_2(outputs), norm_max), NORM_WHOLE=triton.next_power_of_2(outputs) <= norm_max,
-        BLOCKS_N=triton.next_power_of_2(blocks),
+        **_norm_constants(epilogue.name, outputs, blocks, m),
         num_warps=config.num_warps,
     )
     return out
+
+
+def _norm_constants(epilogue: str, outputs: int, blocks: int, m: int) -> dict[str, int | bool]:
+    """The norm epilogue's compile-time widths (``norm_when_last``); fixed for the other epilogues, so that a
+    launch without the norm compiles one kernel whatever its N."""
+    if epilogue != "add_rms_norm":
+        return {"NORM_N": 1, "NORM_WHOLE": True, "BLOCKS_N": 1}
+    widest = NORM_MAX_N if m <= 2 else NORM_MAX_N // 4  # more rows: the loop's registers leave less room
+    row = triton.next_power_of_2(outputs)
+    return {"NORM_N": min(row, widest), "NORM_WHOLE": row <= widest, "BLOCKS_N": triton.next_power_of_2(blocks)}
 
 
 _COUNTERS: dict[torch.device, torch.Tensor] = {}
@@ -710,8 +719,9 @@ MIN_COUNTERS = 1 << 14  # row blocks one split launch may have before its device
 
 
 def _split_counters(device: torch.device, row_blocks: int) -> torch.Tensor:
-    """A device's split-K counters (int32, zero between launches: the finishing program of each row block sets
-    its counter back). Kept across launches and shared by them, so a captured CUDA graph needs no fill before
+    """A device's GEMV counters (int32, zero between launches): one per row block for split-K (its finishing
+    program sets it back), and one after them for the add + norm epilogue (its last block sets it back). Kept
+    across launches and shared by them, so a captured CUDA graph needs no fill before
     each matmul; one set per device, since the step's kernels run on it one launch after another.
 
     They are allocated outside any CUDA graph capture (an engine's eager warm-up before each capture does it):
@@ -720,8 +730,8 @@ def _split_counters(device: torch.device, row_blocks: int) -> torch.Tensor:
     counters = _COUNTERS.get(device)
     if counters is None or counters.numel() < row_blocks:
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError("quantized_matmul: split-K needs its counters before a CUDA graph is captured: run "
-                               "this matmul once eagerly first (as an engine's warm-up does)")
+            raise RuntimeError("quantized_matmul: split-K and the norm epilogue need their counters before a CUDA "
+                               "graph is captured: run this matmul once eagerly first (as an engine's warm-up does)")
         if counters is not None:
             _OUTGROWN.append(counters)
         counters = torch.zeros(max(row_blocks, MIN_COUNTERS), dtype=torch.int32, device=device)
