@@ -185,6 +185,19 @@ MUTATIONS = (
         ("tests/test_m13_quantization.py",),
     ),
     Mutation(
+        "m13-silu-epilogue-pairs-swapped", "m13's SiLU * up epilogue takes W's up row as the gate and the gate row "
+        "as up", "milestones/m13_quantization/gemv_epilogues.py",
+        (("    return pair + (lanes % 2) * N, pair < N", "    return pair + (1 - lanes % 2) * N, pair < N"),),
+        ("tests/test_m13_quantization.py::test_gemv_epilogues_finish_what_m12s_kernels_would",),
+    ),
+    Mutation(
+        "m13-norm-epilogue-count-kept", "m13's add + norm epilogue never sets its count back to zero: the next "
+        "launch's last block is never the last", "milestones/m13_quantization/gemv_epilogues.py",
+        (("        tl.atomic_xchg(count_ptr, 0, sem=\"relaxed\")  # ready for the next launch (or graph replay)",
+          "        pass"),),
+        ("tests/test_m13_quantization.py::test_gemv_epilogues_finish_what_m12s_kernels_would",),
+    ),
+    Mutation(
         "m13-fp8-decode-drops-v-scale", "m08's decode kernel reads an FP8 cache but never multiplies by V's scale",
         "milestones/m08_triton_kernel/paged_decode_kernel.py",
         (("        out = out * tl.load(v_scale_ptr)", "        out = out"),),
