@@ -296,7 +296,9 @@ def test_gemv_epilogues_finish_what_m12s_kernels_would(config, method, rows, spl
     fused_residual = residual.clone()
     normed = quantized_add_rms_norm(x, qweight, scales, method, fused_residual, weight, 1e-6, **launch)
     same(fused_residual, expected_residual)
-    torch.testing.assert_close(normed, expected, rtol=ACTIVATION_TOLERANCE[dtype] / 4, atol=0)
+    # atol: where the residual stream nearly cancels, a last-bit difference in it is a large relative one
+    tolerance = ACTIVATION_TOLERANCE[dtype] / 4
+    torch.testing.assert_close(normed, expected, rtol=tolerance, atol=tolerance)
     assert not matmul_kernels._split_counters(x.device, 64).any(), "a finishing program left a counter set"
     again_residual = residual.clone()
     assert torch.equal(quantized_add_rms_norm(x, qweight, scales, method, again_residual, weight, 1e-6, **launch),
