@@ -79,7 +79,8 @@ class LLMEngine(PreviousEngine):
         return loaded
 
     def model_for_graphs(self):
-        """Quantized: m12's fused layers, each GEMV finishing the add + norm or SiLU after it (``epilogue_layers``)."""
+        """Quantized: m12's fused layers whose GEMVs finish SiLU * up, and at one row the add + norm, after them
+        (``epilogue_layers``)."""
         if self.config.quantization is None:
             return super().model_for_graphs()
         return EpilogueCausalLM(self.model)

@@ -11,7 +11,8 @@ and SiLU * up after ``gate_up_proj``. Here those three are done by the GEMV's fi
     m12:  act = silu_and_mul(gate_up_proj(hidden))                    two kernels
     here: act = quantized_silu_and_mul(hidden, gate_up_proj's W)      one kernel
 
-Three kernels fewer per layer (108 of a Qwen3-8B step's 400). Beyond the GEMV's rows (``GEMV_MAX_M``) the
+At one row, three kernels fewer per layer (108 of a Qwen3-8B step's 400); at two, one (SiLU * up: the norm
+stays m12's kernel, below). Beyond the GEMV's rows (``GEMV_MAX_M``) the
 same calls run the matmul and then m12's kernel; an unquantized layer, or one on the torch reference, keeps
 m12's path.
 
