@@ -1,13 +1,10 @@
 """One GPU call, under Nsight Compute if the machine has it: why does m13's batch-1 int4 GEMV take 3-9 us more
 than a kernel that only streams its bytes, even with every weight byte already in L2 (call 63)?
 
-Launches each batch-1 GEMV shape of qwen3-8b-random a few times over distinct weights (eagerly, so each is a
-kernel of its own); run as
-    ncu --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section Occupancy \
-        --section LaunchStats -k regex:quantized_gemv --launch-skip 8 --launch-count 5 \
-        python3 scratch/gemv_ncu.py
-The launches per shape: 2 warm-up (compiles), then 4 timed ones, so --launch-skip 8 lands on the third shape's...
-it prints which shape each launch is, in order.
+Launches each batch-1 GEMV shape of qwen3-8b-random 3 times over distinct weights (eagerly, each a kernel of
+its own) and prints the shapes in launch order; ``scratch/gemv_ncu.sh`` runs it under ncu.
+
+    python3 scratch/gemv_ncu.py [SHAPE ...]
 """
 
 from __future__ import annotations
