@@ -41,7 +41,7 @@ QWEN3_8B_K = 4096
 
 def matmul_jobs(candidates: bool, quick: bool = False):
     """(name, call) for every quantized matmul variant."""
-    from milestones.m13_quantization import matmul_kernels
+    from milestones.m13_quantization import epilogue_matmuls, matmul_kernels
     from milestones.m13_quantization.launch_config import CANDIDATES, LAUNCH_TABLE, fits_method
     from milestones.m13_quantization.quantize import tile_int4
 
@@ -73,15 +73,16 @@ def matmul_jobs(candidates: bool, quick: bool = False):
                             if split_k:
                                 matmul_kernels.quantized_matmul(x, weight, s, method, **launch)
                             # the epilogues (gemv_epilogues.py): SiLU * up, and the add + norm
-                            matmul_kernels.quantized_silu_and_mul(x, weight, s, method, **launch)
-                            matmul_kernels.quantized_add_rms_norm(x, weight, s, method, torch.zeros(m, n, dtype=dtype),
-                                                                  torch.ones(n, dtype=dtype), 1e-6, **launch)
+                            epilogue_matmuls.quantized_silu_and_mul(x, weight, s, method, **launch)
+                            epilogue_matmuls.quantized_add_rms_norm(x, weight, s, method,
+                                                                    torch.zeros(m, n, dtype=dtype),
+                                                                    torch.ones(n, dtype=dtype), 1e-6, **launch)
                     if config.kernel == "gemv":  # the norm over Qwen3-8B's hidden size: its widest load
                         hidden = 4096
                         w, s = (torch.zeros(hidden, k, dtype=torch.int8), torch.ones(hidden)) if method == "int8" else \
                             (tile_int4(torch.zeros(hidden, k // 2, dtype=torch.uint8)), torch.ones(hidden, k // 128))
-                        matmul_kernels.quantized_add_rms_norm(x, w, s, method, torch.zeros(m, hidden, dtype=dtype),
-                                                              torch.ones(hidden, dtype=dtype), 1e-6, config=config)
+                        epilogue_matmuls.quantized_add_rms_norm(x, w, s, method, torch.zeros(m, hidden, dtype=dtype),
+                                                                torch.ones(hidden, dtype=dtype), 1e-6, config=config)
                 jobs.append((f"matmul {method} {label} M={m} {str(dtype)[6:]}", job))
     return jobs
 
@@ -153,16 +154,17 @@ def main(argv: list[str] | None = None) -> int:
     from triton.runtime.driver import driver
 
     from milestones.m08_triton_kernel import paged_decode_kernel, store_kv_kernel
-    from milestones.m13_quantization import matmul_kernels
+    from milestones.m13_quantization import dequant_matmul, matmul_kernels
 
     driver.set_active(TargetOnlyDriver(GPUTarget("cuda", args.arch, 32)))
     compiled: list = []
-    for module, names in ((matmul_kernels, ("_quantized_gemv_kernel", "_quantized_dot_kernel", "_dequantize_kernel")),
+    for module, names in ((matmul_kernels, ("_quantized_gemv_kernel", "_quantized_dot_kernel")),
+                          (dequant_matmul, ("_dequantize_kernel",)),
                           (paged_decode_kernel, ("_paged_decode_kernel", "_combine_splits_kernel")),
                           (store_kv_kernel, ("_store_kv_kernel",))):
         for name in names:
             setattr(module, name, CompileOnly(getattr(module, name).compiled, compiled))
-    matmul_kernels.F.linear = lambda x, w, bias=None: x.new_empty((x.shape[0], w.shape[0]))  # nothing to run
+    dequant_matmul.F.linear = lambda x, w, bias=None: x.new_empty((x.shape[0], w.shape[0]))  # nothing to run
     # the GPU's code paths, not the interpreter's (bf16 dots, the decode kernel's PTX widening of an FP8 cache)
     matmul_kernels.runs_interpreted = lambda device: False
     paged_decode_kernel.runs_interpreted = lambda device: False

@@ -177,7 +177,7 @@ MUTATIONS = (
     ),
     Mutation(
         "m13-int4-nibbles-swapped", "m13's int4 unpacking reads a byte's high nibble as element j and the low one as "
-        "element j + 64", "milestones/m13_quantization/matmul_kernels.py",
+        "element j + 64", "milestones/m13_quantization/weight_unpacking.py",
         (("        lo = ((b & 0xF) | 0x4B000000).to(tl.float32, bitcast=True) - (8388608.0 + 8.0)\n"
           "        hi = ((b >> 4) | 0x4B000000).to(tl.float32, bitcast=True) - (8388608.0 + 8.0)",
           "        lo = ((b >> 4) | 0x4B000000).to(tl.float32, bitcast=True) - (8388608.0 + 8.0)\n"

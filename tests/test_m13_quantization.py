@@ -44,8 +44,9 @@ from milestones.m13_quantization.epilogue_layers import EpilogueQwen3Model  # no
 from milestones.m13_quantization.fp8_kv_cache import FP8_DTYPE, FP8PagedKVCache, from_fp8, to_fp8  # noqa: E402
 from milestones.m13_quantization.launch_config import (CANDIDATES, LAUNCH_TABLE, QuantMatmulConfig,  # noqa: E402
                                                        choose_launch, choose_split_k, regime)
-from milestones.m13_quantization.matmul_kernels import (quantized_add_rms_norm, quantized_matmul,  # noqa: E402
-                                                       quantized_matmul_reference, quantized_silu_and_mul)
+from milestones.m13_quantization.dequant_matmul import quantized_matmul_reference  # noqa: E402
+from milestones.m13_quantization.epilogue_matmuls import quantized_add_rms_norm, quantized_silu_and_mul  # noqa: E402
+from milestones.m13_quantization.matmul_kernels import quantized_matmul  # noqa: E402
 from milestones.m13_quantization.quantize import (GROUP_SIZE, QuantizedLinear, bytes_per_weight,  # noqa: E402
                                                   dequantize_weight, group_major, pack_int4, quantize_weight,
                                                   tile_int4, unpack_int4, untile_int4)
@@ -272,11 +273,11 @@ def test_gemv_epilogues_finish_what_m12s_kernels_would(config, method, rows, spl
     configuration, its SiLU pairs too; at 96, int4 is in tiles (the engine's layout) and the norm's last program
     reads its row in slices (as it does past 4,096 values)."""
     from milestones.m12_async_scheduling.fused_kernels import add_rms_norm, silu_and_mul
-    from milestones.m13_quantization import matmul_kernels
+    from milestones.m13_quantization import gemv_epilogues, matmul_kernels
 
     x, qweight, scales = matmul_case(method, rows, n, 768, dtype, seed=5)
     if n == 96:
-        monkeypatch.setattr(matmul_kernels, "NORM_MAX_N", 32)
+        monkeypatch.setattr(gemv_epilogues, "NORM_MAX_N", 32)
         if method == "int4":
             qweight, scales = tile_int4(qweight), group_major(scales)
     launch = dict(config=config, split_k=split_k)

@@ -31,7 +31,7 @@ from torch import nn
 
 from milestones.m12_async_scheduling.fused_layers import FusedCausalLM, FusedQwen3Model
 
-from .matmul_kernels import quantized_add_rms_norm, quantized_silu_and_mul
+from .epilogue_matmuls import quantized_add_rms_norm, quantized_silu_and_mul
 from .quantize import QuantizedLinear
 
 

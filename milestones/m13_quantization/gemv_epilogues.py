@@ -21,10 +21,17 @@ kernel after it can be done there, with no launch of its own:
 vLLM fuses the same neighbours in its own way (``fused_add_rms_norm`` and ``silu_and_mul`` are single kernels
 there, and its compile passes fuse a norm into the quantization before a matmul); folding them into the GEMV's
 finish is what a batch-1 step, made of launches, asks for.
+
+The host's side of it is here too: ``_Epilogue`` (which epilogue a launch runs, with the norm's tensors),
+``epilogue_index`` and ``_norm_constants`` (what the kernel is compiled with); the calls that launch it are
+``epilogue_matmuls.py``'s.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import torch
 import triton
 import triton.language as tl
 
@@ -108,3 +115,23 @@ def epilogue_index(name: str) -> int:
         raise ValueError(f"unknown GEMV epilogue {name!r}: use one of {', '.join(EPILOGUES)}")
     return EPILOGUES.index(name)
 
+
+@dataclass(frozen=True)
+class _Epilogue:
+    """What the GEMV's finishing programs do with their sums: ``name`` one of ``EPILOGUES``; ``add_rms_norm``
+    also takes the residual stream (updated in place) and the norm."""
+
+    name: str = "none"
+    residual: torch.Tensor | None = None
+    norm_weight: torch.Tensor | None = None
+    eps: float = 0.0
+
+
+def _norm_constants(epilogue: str, outputs: int, blocks: int, m: int) -> dict[str, int | bool]:
+    """The norm epilogue's compile-time widths (``norm_when_last``); fixed for the other epilogues, so that a
+    launch without the norm compiles one kernel whatever its N."""
+    if epilogue != "add_rms_norm":
+        return {"NORM_N": 1, "NORM_WHOLE": True, "BLOCKS_N": 1}
+    widest = NORM_MAX_N if m <= 2 else NORM_MAX_N // 4  # more rows: the loop's registers leave less room
+    row = triton.next_power_of_2(outputs)
+    return {"NORM_N": min(row, widest), "NORM_WHOLE": row <= widest, "BLOCKS_N": triton.next_power_of_2(blocks)}

@@ -17,31 +17,9 @@ loads in flight meanwhile (``tl.range``'s pipelining)::
     int4:  lo = float(b & 15) - 8, hi = float(b >> 4) - 8  (b: the bytes of one 128-input group, [BLOCK_N, 64])
            acc[m, n] += scale[n, g] * (sum_j x[m, 128g + j] * lo[n, j] + x[m, 128g + 64 + j] * hi[n, j])
 
-int4 may be stored in packed rows or in tiles (``quantize.tile_int4``: each group of 16 rows one contiguous KiB);
-``_int4_rows`` turns either into the tile's addresses, so each step of a program reads whole KiBs from tiles.
-
-Streaming 4 TB/s of int4 means unpacking ~8 trillion weights per second, so the unpacking must be cheap (an H200
-issues about 33 thousand billion thread-instructions a second: 4.2 TB/s allows 8 a byte). Three ways to turn a
-nibble ``u`` into a float, ``QuantMatmulConfig.unpack``:
-
-    convert    float(u) - 8: an int-to-float conversion, a quarter of an add's rate or less.
-    magic      bits(2^23) | u is the float 2^23 + u, so float(u) = (bits | u) - 2^23: an OR and a subtraction.
-    subnormal  no conversion at all. Any bit pattern below 2^24, read as a float32, is that integer times
-               2^-149 (the subnormals and the first binade of normal floats share one step). So the weights are
-               read as int32 words of 8 nibbles, and nibble p of a word, masked in place (``w & (15 << 4p)``,
-               one AND), is the float u * 2^(4p - 149). The input it multiplies is scaled up by 2^(149 - 4p - 85)
-               instead, once per input rather than once per weight, so that every product is u * x * 2^-85, a
-               normal float; the row's sum is scaled back by 2^85 at the end (powers of two: exact). The -8 comes
-               off once per word: sum((u - 8) x) = sum(u x) - 8 sum(x). About two instructions a weight, against
-               about nine for ``magic`` in this kernel's byte layout (counted in the sm_90 assembly), where each
-               thread also widened two inputs per byte it read.
-
-int8 keeps ``magic`` (``u = q ^ 0x80`` is ``q + 128``): its GEMV reads twice the bytes per weight, and reached
-its target without more.
-
-The words kernel's whole loop (loads and addresses included) issues 7-9.5 instructions a byte, and it is not
-waiting on them: on the H200 a variant with 25-35% fewer streamed no faster, while tiles cut its long matmuls' time
-by 5% at the same launch and 22% with wider programs (``docs/m13-quantization.md``, "Two guesses tested").
+How the bytes become floats inside these kernels, int4 read from packed rows or from tiles, and the three ways to
+unpack a nibble (``convert``, ``magic``, and ``subnormal``: no conversion at all, the GEMV's int4 default) are
+``weight_unpacking.py``'s lesson.
 
 **dot** (batch 3-32 in ``LAUNCH_TABLE``, ``_quantized_dot_kernel``): the classic tiled matmul
 (``BLOCK_M`` rows of x by ``BLOCK_N`` rows of W, grouped so that tiles reuse W from L2), whose W tile is unpacked to
@@ -50,8 +28,11 @@ and each column's scale multiplies the float32 result at the end. int4: each gro
 unpacked tile before its dot (a bf16 rounding of 1/256, beside the format's own step of 1/14 of the range), so every
 dot accumulates into one float32 tile; a separate product per group would double the registers the tile needs.
 
-**dequant** (from 33 rows in ``LAUNCH_TABLE``, ``_dequantize_kernel``): unpack a slice of W's rows into a bf16
-scratch and call ``F.linear`` (cuBLAS) on it, slice after slice; at thousands of rows the product dwarfs the unpacking.
+**dequant** (from 33 rows in ``LAUNCH_TABLE``): W unpacked into a bf16 scratch a slice of rows at a time, for
+cuBLAS (``dequant_matmul.py``).
+
+The GEMV's finishing programs can also do the small kernel after the matmul (``gemv_epilogues.py``), through
+``quantized_silu_and_mul`` and ``quantized_add_rms_norm`` (``epilogue_matmuls.py``).
 
 Everything here decides from shapes and Python ints only (no tensor values), so the launches can be captured in
 m10's CUDA graphs. On CPU tensors the kernels run in Triton's interpreter (m08's ``device_kernel``).
@@ -59,148 +40,26 @@ m10's CUDA graphs. On CPU tensors the kernels run in Triton's interpreter (m08's
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
-import torch.nn.functional as F
 
 import triton
 import triton.language as tl
 
 from milestones.m08_triton_kernel.device_kernel import device_kernel, runs_interpreted
 from milestones.m08_triton_kernel.launch_config import sm_count
-from milestones.m12_async_scheduling.fused_kernels import add_rms_norm, silu_and_mul
 
-from .gemv_epilogues import (ADD_RMS_NORM, NORM_MAX_N, SILU_AND_MUL, epilogue_index, finish_row, norm_when_last,
-                             pair_rows)
+from .dequant_matmul import _dequant_then_cublas
+from .gemv_epilogues import (ADD_RMS_NORM, SILU_AND_MUL, _Epilogue, _norm_constants, epilogue_index, finish_row,
+                             norm_when_last, pair_rows)
 from .launch_config import UNPACK_MODES, QuantMatmulConfig, choose_launch, choose_split_k, fits_method
-from .quantize import GROUP_SIZE, QUANTIZATION_METHODS, TILE_ROWS, untile_int4
+from .quantize import GROUP_SIZE, QUANTIZATION_METHODS, TILE_ROWS
+from .weight_unpacking import (MAGIC, SUBNORMAL, UNIT_DOWN, _int4_group_subnormal, _int4_products, _int4_rows,
+                               _int8_to_float, _load_x, _unpack_int4)
 
 ACTIVATION_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-DEQUANT_SCRATCH_BYTES = 64 * 2**20  # the dequant path unpacks at most this many bytes of W at a time
 MAX_SPLIT_K = 64  # slices of K a caller may ask for (the heuristic stays at launch_config.MAX_SPLIT_K)
 MAX_DEFERRED_PER_THREAD = 64  # gemv: float32 partial sums a thread may carry across the loop (DEFER_SUM)
 GEMV_MAX_ROWS = 4  # gemv: rows of x per launch (one accumulator each)
-
-
-CONVERT = tl.constexpr(0)  # the kernels' numbering of launch_config.UNPACK_MODES
-MAGIC = tl.constexpr(1)
-SUBNORMAL = tl.constexpr(2)
-# SUBNORMAL's units: a nibble or byte u read as float bits is u * 2^-149; x is scaled up by 2^64 so that the
-# products (u * x * 2^-85) stay normal floats; the row's sum is scaled back by 2^85 at the end (powers of two:
-# exact). |x| < 2^64 is all it asks of the activations; of the arithmetic, that subnormals are kept, not flushed
-# to zero: Triton's float32 default on NVIDIA GPUs (no .ftz), and numpy's in the interpreter. The tests on CUDA
-# compare against the float reference, so a flushing build would fail them.
-TILE = tl.constexpr(TILE_ROWS)  # int4 in tiles: rows per tile (quantize.tile_int4)
-X_UP = tl.constexpr(18446744073709551616.0)  # 2^64
-NIBBLE_OFFSET = tl.constexpr(-2.0679515313825692e-25)  # -8 * 2^-85: a nibble's -8, in the products' units
-UNIT_DOWN = tl.constexpr(3.8685626227668134e25)  # 2^85
-
-
-@triton.jit
-def _unpack_int4(b, UNPACK: tl.constexpr):
-    """Bytes (int32 in 0..255) -> the signed values of their low and high nibbles, as float32 (-8..7)."""
-    if UNPACK == CONVERT:
-        lo = (b & 0xF).to(tl.float32) - 8.0
-        hi = (b >> 4).to(tl.float32) - 8.0
-    else:
-        lo = ((b & 0xF) | 0x4B000000).to(tl.float32, bitcast=True) - (8388608.0 + 8.0)
-        hi = ((b >> 4) | 0x4B000000).to(tl.float32, bitcast=True) - (8388608.0 + 8.0)
-    return lo, hi
-
-
-@triton.jit
-def _nibble_in_place(words, P: tl.constexpr):
-    """Nibble ``P`` (0..7, from the low bits up) of each int32 word as a float32 with its bits left in place:
-    ``u * 2^(4P - 149)``. Any bit pattern below 2^24 is that integer times 2^-149 (the subnormals and the first
-    binade of normal floats share one step), so nibbles 0-5 need only a mask; 6 and 7 are shifted down first."""
-    if P < 6:
-        f = (words & (0xF << (4 * P))).to(tl.float32, bitcast=True)
-    else:
-        f = ((words >> (4 * P)) & 0xF).to(tl.float32, bitcast=True)
-    return f
-
-
-@triton.jit
-def _scaled_for_nibble(x, P: tl.constexpr):
-    """x in the units that make ``_nibble_in_place(words, P) * x`` equal ``u * x * 2^-85``."""
-    if P < 6:
-        x = x * (X_UP / (1 << (4 * P)))
-    else:
-        x = x * X_UP
-    return x
-
-
-@triton.jit
-def _by_byte(x, WORDS: tl.constexpr):
-    """64 contiguous inputs (one contiguous load) -> 4 vectors of ``WORDS``: those of byte 0, 1, 2 and 3 of each
-    word (inputs ``4w + b``)."""
-    pairs_a, pairs_b = tl.split(tl.reshape(x, [WORDS, 2, 2]))  # [w, b // 2] for b even, and for b odd
-    b0, b2 = tl.split(pairs_a)
-    b1, b3 = tl.split(pairs_b)
-    return b0, b1, b2, b3
-
-
-@triton.jit
-def _int4_group_subnormal(words, x_group_ptr, group_ok, HALF: tl.constexpr, WORDS: tl.constexpr):
-    """One row of x times one 128-input group held as ``[BLOCK_N, 16]`` int32 words (8 nibbles each), in units
-    of 2^-85. Byte ``b`` of word ``w`` holds inputs ``4w + b`` (low nibble) and ``64 + 4w + b`` (high), so
-    nibble ``p`` multiplies input ``4w + p // 2 + 64 * (p % 2)``, scaled up by 2^64 over the nibble's own
-    2^(4p) (``_nibble_in_place``). ``sum((u - 8) x) = sum(u x) - 8 sum(x)``: the 8s come off once per word.
-    Eight fused multiply-adds and about nine integer operations a word: about two instructions a weight."""
-    x_lo = _by_byte(_load_x(x_group_ptr + tl.arange(0, HALF), group_ok), WORDS)  # inputs 4w + b, b = 0..3
-    x_hi = _by_byte(_load_x(x_group_ptr + HALF + tl.arange(0, HALF), group_ok), WORDS)  # inputs 64 + 4w + b
-    x_sum = x_lo[0] + x_hi[0] + x_lo[1] + x_hi[1] + x_lo[2] + x_hi[2] + x_lo[3] + x_hi[3]
-    part = tl.zeros(words.shape, tl.float32)
-    for p in tl.static_range(8):
-        x = x_hi[p // 2] if p % 2 else x_lo[p // 2]
-        part = part + _nibble_in_place(words, p) * _scaled_for_nibble(x, p)[None, :]
-    return part + (x_sum * NIBBLE_OFFSET)[None, :]
-
-
-@triton.jit
-def _int4_rows(w_ptr, cols, stride_wn, K, TILED: tl.constexpr, WIDTH: tl.constexpr, GROUP: tl.constexpr):
-    """Pointers to the first unit (byte, or int32 word) of each row's group 0, ``[BLOCK_N, 1]``, and the distance
-    from one group of a row to the next, in units. Rows: ``[N, K // 2]``. Tiles (``quantize.tile_int4``):
-    ``[N // 16, K // 128, 16, WIDTH]``, so a group of 16 rows is one contiguous KiB."""
-    if TILED:
-        rows = w_ptr + ((cols // TILE) * (K // GROUP) * (TILE * WIDTH) + (cols % TILE) * WIDTH)[:, None]
-        group_stride = TILE * WIDTH
-    else:
-        rows = w_ptr + cols[:, None] * stride_wn
-        group_stride = WIDTH
-    return rows, group_stride
-
-
-@triton.jit
-def _int8_to_float(q, UNPACK: tl.constexpr):
-    """int8 -> float32: ``q``, or, ``MAGIC``, ``u = q + 128`` (0..255) written into the mantissa of 2^23, minus
-    2^23 + 128 (``SUBNORMAL`` is treated as ``MAGIC`` here: int8's GEMV is not limited by its instructions)."""
-    if UNPACK == CONVERT:
-        w = q.to(tl.float32)
-    else:
-        u = (q.to(tl.int32) & 0xFF) ^ 0x80
-        w = (u | 0x4B000000).to(tl.float32, bitcast=True) - (8388608.0 + 128.0)
-    return w
-
-
-@triton.jit
-def _int4_products(lo, hi, x_lo_ptr, x_ok, HALF: tl.constexpr, scale):
-    """One row of x times one 128-input group of unpacked nibbles (``[BLOCK_N, 64]`` bytes' low and high
-    halves: inputs ``j`` and ``64 + j``), times the group's scale."""
-    xl = _load_x(x_lo_ptr, x_ok)
-    xh = _load_x(x_lo_ptr + HALF, x_ok)
-    return (lo * xl[None, :] + hi * xh[None, :]) * scale[:, None]
-
-
-@triton.jit
-def _load_x(ptrs, mask):
-    """A vector of x as float32; ``mask`` None: whole tiles, no mask (so the loads can be vectors)."""
-    if mask is None:
-        x = tl.load(ptrs)
-    else:
-        x = tl.load(ptrs, mask=mask, other=0.0)
-    return x.to(tl.float32)
 
 
 @triton.jit
@@ -487,42 +346,6 @@ def _quantized_dot_kernel(
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
 
 
-@device_kernel
-@triton.jit
-def _dequantize_kernel(
-    w_ptr, s_ptr, out_ptr, N, K, stride_wn, stride_sn, stride_sg, stride_on,
-    INT4: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP: tl.constexpr, TILED: tl.constexpr,
-):
-    """W's rows [pid_n * BLOCK_N, +BLOCK_N), inputs [pid_k * BLOCK_K, +BLOCK_K), written as floats."""
-    pid_n = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    col_ok = cols < N
-    if INT4:
-        HALF: tl.constexpr = GROUP // 2
-        GROUPS: tl.constexpr = BLOCK_K // GROUP
-        g = pid_k * GROUPS + tl.arange(0, GROUPS)
-        j = tl.arange(0, HALF)
-        scale_mask = col_ok[:, None] & (g * GROUP < K)[None, :]  # [BLOCK_N, GROUPS]
-        mask = scale_mask[:, :, None] & (j < HALF)[None, None, :]
-        w_rows, group_stride = _int4_rows(w_ptr, cols, stride_wn, K, TILED, HALF, GROUP)
-        b = tl.load(w_rows[:, :, None] + (g[:, None] * group_stride + j[None, :])[None, :, :], mask=mask,
-                    other=0).to(tl.int32)
-        scale = tl.load(s_ptr + cols[:, None] * stride_sn + g[None, :] * stride_sg, mask=scale_mask, other=0.0)
-        lo, hi = _unpack_int4(b, MAGIC)
-        k_lo = (g[:, None] * GROUP + j[None, :])[None, :, :]
-        out = out_ptr + cols[:, None, None] * stride_on + k_lo
-        tl.store(out, (lo * scale[:, :, None]).to(out_ptr.dtype.element_ty), mask=mask)
-        tl.store(out + HALF, (hi * scale[:, :, None]).to(out_ptr.dtype.element_ty), mask=mask)
-    else:
-        ks = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
-        mask = col_ok[:, None] & (ks < K)[None, :]
-        q = tl.load(w_ptr + cols[:, None] * stride_wn + ks[None, :], mask=mask, other=0)
-        scale = tl.load(s_ptr + cols, mask=col_ok, other=0.0)
-        tl.store(out_ptr + cols[:, None] * stride_on + ks[None, :],
-                 (q.to(tl.float32) * scale[:, None]).to(out_ptr.dtype.element_ty), mask=mask)
-
-
 # --------------------------------------------------------------------------- the host side
 
 
@@ -610,55 +433,6 @@ def quantized_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tenso
     return _dequant_then_cublas(x, qweight, scales, n, k, int4, config)
 
 
-def _folds(m: int, config: QuantMatmulConfig) -> bool:
-    """Whether this launch's finishing programs can take the next kernel's work: the GEMV, a few rows of x."""
-    return config.kernel == "gemv" and 0 < m <= GEMV_MAX_ROWS and config.block_n >= 2
-
-
-def quantized_silu_and_mul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, method: str, *,
-                           config: QuantMatmulConfig | None = None, split_k: int | None = None) -> torch.Tensor:
-    """``silu(gate) * up`` of ``x @ W^T``, W's rows the gate rows then the up rows (m10's packed ``gate_up_proj``):
-    ``[M, N // 2]``. In the GEMV's finishing programs (``gemv_epilogues.py``); at more rows, the matmul and then
-    m12's kernel."""
-    m, n, k, config, split_k = _plan(x, qweight, scales, method, config, split_k)
-    if n % 2:
-        raise ValueError(f"silu_and_mul needs gate and up rows in equal numbers, got N = {n}")
-    if not _folds(m, config):
-        return silu_and_mul(quantized_matmul(x, qweight, scales, method, config=config, split_k=split_k))
-    return _gemv(x, qweight, scales, m, n, k, method == "int4", config, split_k, _Epilogue("silu_and_mul"))
-
-
-def quantized_add_rms_norm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, method: str,
-                           residual: torch.Tensor, norm_weight: torch.Tensor, eps: float, *,
-                           config: QuantMatmulConfig | None = None, split_k: int | None = None) -> torch.Tensor:
-    """``residual += x @ W^T`` (in place, in ``residual``'s dtype); returns ``RMSNorm(residual) * norm_weight``,
-    m12's ``add_rms_norm`` after the matmul. In the GEMV's finishing programs (``gemv_epilogues.py``); at more
-    rows, the matmul and then m12's kernel."""
-    m, n, k, config, split_k = _plan(x, qweight, scales, method, config, split_k)
-    if (tuple(residual.shape) != (m, n) or residual.dtype != x.dtype or not residual.is_contiguous()
-            or tuple(norm_weight.shape) != (n,) or not norm_weight.is_contiguous()
-            or not x.device == residual.device == norm_weight.device):
-        raise ValueError(f"add_rms_norm needs the residual as [M, N] = [{m}, {n}] in x's dtype ({x.dtype}), "
-                         f"contiguous, and a contiguous norm weight [{n}], on x's device; got residual "
-                         f"{residual.dtype} {tuple(residual.shape)}, norm weight {tuple(norm_weight.shape)}")
-    if not _folds(m, config):
-        return add_rms_norm(quantized_matmul(x, qweight, scales, method, config=config, split_k=split_k), residual,
-                            norm_weight, eps)
-    return _gemv(x, qweight, scales, m, n, k, method == "int4", config, split_k,
-                 _Epilogue("add_rms_norm", residual, norm_weight, eps))
-
-
-@dataclass(frozen=True)
-class _Epilogue:
-    """What the GEMV's finishing programs do with their sums (``gemv_epilogues.py``): ``name`` one of
-    ``EPILOGUES``; ``add_rms_norm`` also takes the residual stream (updated in place) and the norm."""
-
-    name: str = "none"
-    residual: torch.Tensor | None = None
-    norm_weight: torch.Tensor | None = None
-    eps: float = 0.0
-
-
 def _gemv(x, qweight, scales, m, n, k, int4, config, split_k, epilogue: _Epilogue = _Epilogue()) -> torch.Tensor:
     if not 1 <= split_k <= MAX_SPLIT_K:
         raise ValueError(f"split_k must be in [1, {MAX_SPLIT_K}], got {split_k}")
@@ -702,15 +476,6 @@ def _gemv(x, qweight, scales, m, n, k, int4, config, split_k, epilogue: _Epilogu
     )
     return out
 
-
-def _norm_constants(epilogue: str, outputs: int, blocks: int, m: int) -> dict[str, int | bool]:
-    """The norm epilogue's compile-time widths (``norm_when_last``); fixed for the other epilogues, so that a
-    launch without the norm compiles one kernel whatever its N."""
-    if epilogue != "add_rms_norm":
-        return {"NORM_N": 1, "NORM_WHOLE": True, "BLOCKS_N": 1}
-    widest = NORM_MAX_N if m <= 2 else NORM_MAX_N // 4  # more rows: the loop's registers leave less room
-    row = triton.next_power_of_2(outputs)
-    return {"NORM_N": min(row, widest), "NORM_WHOLE": row <= widest, "BLOCKS_N": triton.next_power_of_2(blocks)}
 
 
 _COUNTERS: dict[torch.device, torch.Tensor] = {}
@@ -756,47 +521,3 @@ def _dot(x, qweight, scales, m, n, k, int4, config) -> torch.Tensor:
         TILED=qweight.dim() == 4, num_warps=config.num_warps, num_stages=config.num_stages,
     )
     return out
-
-
-def dequantize(qweight: torch.Tensor, scales: torch.Tensor, method: str, dtype: torch.dtype,
-               rows: slice | None = None, config: QuantMatmulConfig | None = None) -> torch.Tensor:
-    """``W[rows]`` as a dense ``dtype`` matrix, unpacked by ``_dequantize_kernel`` (the dequant path's scratch).
-    int4 tiles: ``rows`` starts on a whole tile (a multiple of 16)."""
-    rows = slice(*(rows or slice(None)).indices(scales.shape[0]))
-    tiled = qweight.dim() == 4
-    if tiled and rows.start % TILE_ROWS:
-        raise ValueError(f"int4 tiles are dequantized whole: rows must start at a multiple of {TILE_ROWS}")
-    w = qweight[rows.start // TILE_ROWS:-(-rows.stop // TILE_ROWS)] if tiled else qweight[rows]
-    s = scales[rows]
-    n = s.shape[0]
-    k = 2 * w.shape[-1] * (w.shape[1] if tiled else 1) if method == "int4" else w.shape[1]
-    config = config or QuantMatmulConfig("dequant", block_n=64, block_k=256, num_warps=4, num_stages=2)
-    block_k = max(config.block_k, GROUP_SIZE) if method == "int4" else config.block_k
-    out = torch.empty((n, k), dtype=dtype, device=qweight.device)
-    _dequantize_kernel[(triton.cdiv(n, config.block_n), triton.cdiv(k, block_k))](
-        w, s, out, n, k, w.stride(0), s.stride(0), s.stride(-1), out.stride(0),
-        INT4=method == "int4", BLOCK_N=config.block_n, BLOCK_K=block_k, GROUP=GROUP_SIZE, TILED=tiled,
-        num_warps=config.num_warps,
-    )
-    return out
-
-
-def _dequant_then_cublas(x, qweight, scales, n, k, int4, config) -> torch.Tensor:
-    method = "int4" if int4 else "int8"
-    rows_per_slice = max(config.block_n, DEQUANT_SCRATCH_BYTES // (k * x.element_size()))
-    rows_per_slice = -(-rows_per_slice // TILE_ROWS) * TILE_ROWS  # whole tiles (int4 in tiles)
-    if rows_per_slice >= n:
-        return F.linear(x, dequantize(qweight, scales, method, x.dtype, config=config))
-    out = x.new_empty((x.shape[0], n))
-    for start in range(0, n, rows_per_slice):
-        rows = slice(start, min(n, start + rows_per_slice))
-        out[:, rows] = F.linear(x, dequantize(qweight, scales, method, x.dtype, rows, config))
-    return out
-
-
-def quantized_matmul_reference(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
-                               method: str) -> torch.Tensor:
-    """The same product in float32 torch: the definition every kernel must meet."""
-    from .quantize import dequantize_weight
-
-    return (x.float() @ dequantize_weight(qweight, scales, method, torch.float32).T).to(x.dtype)

@@ -1,0 +1,57 @@
+"""The GEMV with the kernel after it folded into its finish: ``quantized_silu_and_mul``, ``quantized_add_rms_norm``.
+
+Each call does what m12's decoder does in two (``epilogue_layers.py`` makes the swap). Where the launch is the
+GEMV, with at most ``GEMV_MAX_ROWS`` rows of x and at least two rows of W a program (one SiLU pair), it runs the
+GEMV with an epilogue: its finishing programs do the next kernel's work on their sums (``gemv_epilogues.py``).
+Anywhere else it runs ``quantized_matmul`` and then m12's kernel. The shapes are checked as ``quantized_matmul``
+checks them (``_plan``), and the epilogue's own besides: gate and up rows in equal numbers; a contiguous residual
+``[M, N]`` in x's dtype and a norm weight ``[N]``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from milestones.m12_async_scheduling.fused_kernels import add_rms_norm, silu_and_mul
+
+from .gemv_epilogues import _Epilogue
+from .launch_config import QuantMatmulConfig
+from .matmul_kernels import GEMV_MAX_ROWS, _gemv, _plan, quantized_matmul
+
+
+def _folds(m: int, config: QuantMatmulConfig) -> bool:
+    """Whether this launch's finishing programs can take the next kernel's work: the GEMV, a few rows of x."""
+    return config.kernel == "gemv" and 0 < m <= GEMV_MAX_ROWS and config.block_n >= 2
+
+
+def quantized_silu_and_mul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, method: str, *,
+                           config: QuantMatmulConfig | None = None, split_k: int | None = None) -> torch.Tensor:
+    """``silu(gate) * up`` of ``x @ W^T``, W's rows the gate rows then the up rows (m10's packed ``gate_up_proj``):
+    ``[M, N // 2]``. In the GEMV's finishing programs (``gemv_epilogues.py``); at more rows, the matmul and then
+    m12's kernel."""
+    m, n, k, config, split_k = _plan(x, qweight, scales, method, config, split_k)
+    if n % 2:
+        raise ValueError(f"silu_and_mul needs gate and up rows in equal numbers, got N = {n}")
+    if not _folds(m, config):
+        return silu_and_mul(quantized_matmul(x, qweight, scales, method, config=config, split_k=split_k))
+    return _gemv(x, qweight, scales, m, n, k, method == "int4", config, split_k, _Epilogue("silu_and_mul"))
+
+
+def quantized_add_rms_norm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, method: str,
+                           residual: torch.Tensor, norm_weight: torch.Tensor, eps: float, *,
+                           config: QuantMatmulConfig | None = None, split_k: int | None = None) -> torch.Tensor:
+    """``residual += x @ W^T`` (in place, in ``residual``'s dtype); returns ``RMSNorm(residual) * norm_weight``,
+    m12's ``add_rms_norm`` after the matmul. In the GEMV's finishing programs (``gemv_epilogues.py``); at more
+    rows, the matmul and then m12's kernel."""
+    m, n, k, config, split_k = _plan(x, qweight, scales, method, config, split_k)
+    if (tuple(residual.shape) != (m, n) or residual.dtype != x.dtype or not residual.is_contiguous()
+            or tuple(norm_weight.shape) != (n,) or not norm_weight.is_contiguous()
+            or not x.device == residual.device == norm_weight.device):
+        raise ValueError(f"add_rms_norm needs the residual as [M, N] = [{m}, {n}] in x's dtype ({x.dtype}), "
+                         f"contiguous, and a contiguous norm weight [{n}], on x's device; got residual "
+                         f"{residual.dtype} {tuple(residual.shape)}, norm weight {tuple(norm_weight.shape)}")
+    if not _folds(m, config):
+        return add_rms_norm(quantized_matmul(x, qweight, scales, method, config=config, split_k=split_k), residual,
+                            norm_weight, eps)
+    return _gemv(x, qweight, scales, m, n, k, method == "int4", config, split_k,
+                 _Epilogue("add_rms_norm", residual, norm_weight, eps))
