@@ -7,7 +7,7 @@ SECTIONS=(--section SpeedOfLight --section SchedulerStats --section WarpStateSta
 STALLS='regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio'
 for clock in none base; do
     name=$([ "$clock" = none ] && echo free || echo base)
-    timeout 200 ncu --clock-control "$clock" "${SECTIONS[@]}" --metrics "$STALLS" -k "regex:quantized_gemv|stream" \
+    timeout 80 ncu --clock-control "$clock" "${SECTIONS[@]}" --metrics "$STALLS" -k "regex:quantized_gemv|stream" \
         --launch-count 20 "${PY:-python3}" scratch/gemv_ncu.py > "$OUT/gemv_ncu_$name.txt" 2>&1
     echo "ncu, clock $clock: exit $?"
     grep -E "launches in order" "$OUT/gemv_ncu_$name.txt"
