@@ -28,8 +28,10 @@ GROUP = 128
 @triton.jit
 def _int4_wide_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, stride_xm, stride_sn, stride_sg, stride_om,
                       BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, GROUP: tl.constexpr,
-                      SCALE_AFTER: tl.constexpr, STAGES: tl.constexpr, GROUP_N: tl.constexpr):
+                      SCALE_AFTER: tl.constexpr, STAGES: tl.constexpr, GROUP_N: tl.constexpr,
+                      SPLIT: tl.constexpr = 1):
     pid = tl.program_id(0)
+    split = tl.program_id(1)  # slices of K: each writes float32 sums to its own plane of out (summed after)
     num_m = tl.cdiv(M, BLOCK_M)
     pid_m = pid % num_m  # the programs of one W tile run side by side: W from memory about once
     pid_n = pid // num_m
@@ -40,7 +42,8 @@ def _int4_wide_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, stride_xm, stride_s
     j = tl.arange(0, HALF)
     w_rows, group_stride = _int4_rows(w_ptr, cols, 0, K, True, HALF, GROUP)
     acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
-    for g in tl.range(0, K // GROUP, num_stages=STAGES):
+    per_split = K // GROUP // SPLIT
+    for g in tl.range(split * per_split, (split + 1) * per_split, num_stages=STAGES):
         b = tl.load(w_rows + (g * group_stride + j)[None, :]).to(tl.int32)  # [BLOCK_N, HALF]
         scale = tl.load(s_ptr + cols * stride_sn + g * stride_sg)[:, None]
         lo, hi = _unpack_int4(b, MAGIC)
@@ -54,32 +57,45 @@ def _int4_wide_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, stride_xm, stride_s
         else:
             acc = tl.dot((lo * scale).to(x_lo.dtype), x_lo, acc)
             acc = tl.dot((hi * scale).to(x_lo.dtype), x_hi, acc)
-    out = out_ptr + rows[None, :] * stride_om + cols[:, None]
+    out = out_ptr + split * M * N + rows[None, :] * stride_om + cols[:, None]
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=row_ok[None, :])
 
 
 def int4_wide(x, qweight, scales, n, k, block_n=128, block_m=64, warps=4, stages=3, scale_after=False,
-              group_n=1, warmup_only=False):
+              group_n=1, warmup_only=False, split=1):
     m = x.shape[0]
-    out = x.new_empty((m, n))
-    grid = (triton.cdiv(m, block_m) * (n // block_n),)
-    args = (x, qweight, scales, out, m, n, k, x.stride(0), scales.stride(0), scales.stride(1), out.stride(0))
+    out = x.new_empty((m, n)) if split == 1 else torch.empty((split, m, n), device=x.device)
+    grid = (triton.cdiv(m, block_m) * (n // block_n), split)
+    args = (x, qweight, scales, out, m, n, k, x.stride(0), scales.stride(0), scales.stride(1), out.stride(-2))
     kw = dict(BLOCK_N=block_n, BLOCK_M=block_m, GROUP=GROUP, SCALE_AFTER=scale_after, STAGES=stages,
-              GROUP_N=group_n, num_warps=warps, num_stages=stages)
+              GROUP_N=group_n, SPLIT=split, num_warps=warps, num_stages=stages)
     if warmup_only:
         return _int4_wide_kernel.warmup(*args, grid=grid, **kw)
     _int4_wide_kernel[grid](*args, **kw)
-    return out
+    return out if split == 1 else out.sum(0).to(x.dtype)
 
 
-CONFIGS = {  # name: (block_n, block_m, warps, stages, scale_after)
+CONFIGS = {  # name: (block_n, block_m, warps, stages, scale_after[, split]); split 0: enough programs for 2 an SM
     "n128-m64-w4-s3": (128, 64, 4, 3, False),
-    "n128-m64-w4-s3-after": (128, 64, 4, 3, True),
     "n64-m64-w4-s4": (64, 64, 4, 4, False),
-    "n128-m128-w8-s3": (128, 128, 8, 3, False),
-    "n128-m256-w8-s2": (128, 256, 8, 2, False),
     "n64-m128-w4-s3": (64, 128, 4, 3, False),
+    "n128-m128-w8-s3": (128, 128, 8, 3, False),
+    "n128-m64-w8-s3": (128, 64, 8, 3, False),
+    "n256-m64-w8-s3": (256, 64, 8, 3, False),
+    "n64-m64-w4-s4 split": (64, 64, 4, 4, False, 0),
+    "n128-m64-w8-s3 split": (128, 64, 8, 3, False, 0),
+    "n64-m128-w4-s3 split": (64, 128, 4, 3, False, 0),
 }
+
+
+def auto_split(m, n, k, block_n, block_m, num_sms=132, per_sm=2):
+    """The fewest equal slices of K's groups that give at least per_sm programs an SM."""
+    programs = triton.cdiv(m, block_m) * (n // block_n)
+    groups = k // GROUP
+    for s in range(1, groups + 1):
+        if groups % s == 0 and programs * s >= per_sm * num_sms:
+            return s
+    return groups
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (24576, 4096), "down": (4096, 12288),
           "lm_head": (151936, 4096)}
 
@@ -94,10 +110,11 @@ def compile_here():
     n, k = 4096, 4096
     w = torch.zeros(n // 16, k // GROUP, 16, 64, dtype=torch.uint8)
     s = torch.ones(k // GROUP, n).t()
-    for name, (bn, bm, warps, stages, after) in CONFIGS.items():
+    for name, c in CONFIGS.items():
+        bn, bm = c[:2]
         for m in sorted({64, bm}):
             x = torch.zeros(m, k, dtype=torch.bfloat16)
-            kk = int4_wide(x, w, s, n, k, bn, bm, warps, stages, after, warmup_only=True)
+            kk = int4_wide(x, w, s, n, k, *c[:5], warmup_only=True, split=2 if len(c) > 5 else 1)
             ptx = kk.asm["ptx"]
             wg = re.findall(r"wgmma\.mma_async[^\n]*", ptx)
             print(f"{name:24s} m={m:3d} shared={kk.metadata.shared:6d} wgmma={len(wg)} "
@@ -114,6 +131,7 @@ def main():
     ap.add_argument("--out", default=None)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--ms", default="64,128,256")
+    ap.add_argument("--shapes", default=",".join(SHAPES))
     args = ap.parse_args()
     if args.compile:
         return compile_here()
@@ -135,8 +153,10 @@ def run_gpu(args):
     for m in (33, 64, 100, 256):
         x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
         ref = quantized_matmul_reference(x.float(), q.qweight, q.scales, "int4")
-        for name, (bn, bm, warps, stages, after) in CONFIGS.items():
-            out = int4_wide(x, q.qweight, q.scales, n, k, bn, bm, warps, stages, after).float()
+        for name, c in CONFIGS.items():
+            bn, bm, warps, stages, after = c[:5]
+            sp = auto_split(m, n, k, bn, bm) if len(c) > 5 else 1
+            out = int4_wide(x, q.qweight, q.scales, n, k, bn, bm, warps, stages, after, split=sp).float()
             err = ((out - ref).norm() / ref.norm()).item()
             results["check"].append({"m": m, "config": name, "rel_error": err})
             assert err < 1e-2, (m, name, err)
@@ -158,7 +178,8 @@ def run_gpu(args):
         return a.elapsed_time(b) * 1000 / reps
 
     copies = 4
-    for shape, (n, k) in SHAPES.items():
+    for shape in args.shapes.split(","):
+        n, k = SHAPES[shape]
         ws = [torch.randn(n, k, device=dev, dtype=torch.bfloat16) * 0.02 for _ in range(2 if n > 100000 else copies)]
         qs = []
         for w in ws:
@@ -169,11 +190,15 @@ def run_gpu(args):
             x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
             cands = {"bf16 cuBLAS": lambda i: torch.nn.functional.linear(x, ws[i]),
                      "m13 table": lambda i: quantized_matmul(x, qs[i].qweight, qs[i].scales, "int4")}
-            for name, (bn, bm, warps, stages, after) in CONFIGS.items():
+            for name, c in CONFIGS.items():
+                bn, bm = c[:2]
                 if bm > 64 and m <= 64:
                     continue
-                cands["wide " + name] = (lambda i, c=(bn, bm, warps, stages, after):
-                                         int4_wide(x, qs[i].qweight, qs[i].scales, n, k, *c))
+                sp = auto_split(m, n, k, bn, bm) if len(c) > 5 else 1
+                if len(c) > 5 and sp == 1:
+                    continue
+                cands[f"wide {name}{sp if sp > 1 else ''}"] = (
+                    lambda i, c=c[:5], sp=sp: int4_wide(x, qs[i].qweight, qs[i].scales, n, k, *c, split=sp))
             times = {c: [] for c in cands}
             for _ in range(args.rounds):
                 for c, fn in cands.items():
