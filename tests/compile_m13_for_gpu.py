@@ -54,7 +54,7 @@ def matmul_jobs(candidates: bool, quick: bool = False):
                     if fits_method(config, method)]
     jobs = []
     for method, label, config in configs:
-        rows = {"gemv": (1, 4), "dot": (16, 256), "dequant": (256,)}[config.kernel][:1 if quick else None]
+        rows = {"gemv": (1, 4), "dot": (16, 256), "swap_ab": (64, 256), "dequant": (256,)}[config.kernel][:1 if quick else None]
         for dtype in (torch.bfloat16,) if quick else (torch.bfloat16, torch.float16, torch.float32):
             for m in rows:
                 def job(method=method, config=config, m=m, dtype=dtype):
@@ -154,12 +154,12 @@ def main(argv: list[str] | None = None) -> int:
     from triton.runtime.driver import driver
 
     from milestones.m08_triton_kernel import paged_decode_kernel, store_kv_kernel
-    from milestones.m13_quantization import dequant_matmul, matmul_kernels
+    from milestones.m13_quantization import dequant_matmul, matmul_kernels, swap_ab_matmul
 
     driver.set_active(TargetOnlyDriver(GPUTarget("cuda", args.arch, 32)))
     compiled: list = []
     for module, names in ((matmul_kernels, ("_quantized_gemv_kernel", "_quantized_dot_kernel")),
-                          (dequant_matmul, ("_dequantize_kernel",)),
+                          (dequant_matmul, ("_dequantize_kernel",)), (swap_ab_matmul, ("_swap_ab_kernel",)),
                           (paged_decode_kernel, ("_paged_decode_kernel", "_combine_splits_kernel")),
                           (store_kv_kernel, ("_store_kv_kernel",))):
         for name in names:
@@ -167,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     dequant_matmul.F.linear = lambda x, w, bias=None: x.new_empty((x.shape[0], w.shape[0]))  # nothing to run
     # the GPU's code paths, not the interpreter's (bf16 dots, the decode kernel's PTX widening of an FP8 cache)
     matmul_kernels.runs_interpreted = lambda device: False
+    swap_ab_matmul.runs_interpreted = lambda device: False
     paged_decode_kernel.runs_interpreted = lambda device: False
     store_kv_kernel.runs_interpreted = lambda device: False
 

@@ -43,7 +43,7 @@ from milestones.m13_quantization import epilogue_layers  # noqa: E402
 from milestones.m13_quantization.epilogue_layers import EpilogueQwen3Model  # noqa: E402
 from milestones.m13_quantization.fp8_kv_cache import FP8_DTYPE, FP8PagedKVCache, from_fp8, to_fp8  # noqa: E402
 from milestones.m13_quantization.launch_config import (CANDIDATES, LAUNCH_TABLE, QuantMatmulConfig,  # noqa: E402
-                                                       choose_launch, choose_split_k, regime)
+                                                       choose_launch, choose_split_k, regime, swap_ab_rows)
 from milestones.m13_quantization.dequant_matmul import quantized_matmul_reference  # noqa: E402
 from milestones.m13_quantization.epilogue_matmuls import quantized_add_rms_norm, quantized_silu_and_mul  # noqa: E402
 from milestones.m13_quantization.matmul_kernels import quantized_matmul  # noqa: E402
@@ -150,6 +150,15 @@ def test_regimes_and_split_k_for_qwen3_8b_shapes():
     assert choose_split_k(1, 256, 256 * 17, 132, words) == 16  # 17 steps (prime): 16 slices, unequal
     config, split = choose_launch("int8", 64, 4096, 4096, 132)
     assert config.kernel == "dequant" and config == LAUNCH_TABLE["int8"]["large"] and split == 1
+    # int4 from 33 rows: swap_ab, 64 rows of W a program, K in slices until there are 2 programs an SM
+    wide = LAUNCH_TABLE["int4"]["large"]
+    assert wide.kernel == "swap_ab" and LAUNCH_TABLE["int4"]["prefill"].kernel == "dequant"
+    assert [swap_ab_rows(m, wide) for m in (3, 33, 64, 65, 128, 512)] == [16, 64, 64, 128, 128, 128]
+    splits = {(n, k): choose_launch("int4", 64, n, k, 132)[1]
+              for n, k in ((6144, 4096), (4096, 4096), (24576, 4096), (4096, 12288), (151936, 4096))}
+    # q/k/v: 96 programs want 3 slices of 32 groups, rounded up to 4; o_proj and down_proj: 64 want 5 (8 and 6)
+    assert splits == {(6144, 4096): 4, (4096, 4096): 8, (24576, 4096): 1, (4096, 12288): 6, (151936, 4096): 1}
+    assert choose_launch("int4", 256, 4096, 4096, 132)[1] == 4  # 2 x 64 programs want 3 slices: 4 divide 32
 
 
 def test_launch_config_validation():
@@ -157,6 +166,8 @@ def test_launch_config_validation():
         QuantMatmulConfig(block_n=24)
     with pytest.raises(ValueError, match="tl.dot needs"):
         QuantMatmulConfig("dot", block_m=8)
+    with pytest.raises(ValueError, match="tl.dot needs"):
+        QuantMatmulConfig("swap_ab", block_n=8)
     with pytest.raises(ValueError, match="kernel must be"):
         QuantMatmulConfig("cutlass")
     with pytest.raises(ValueError, match="unpack must be one of convert, magic, subnormal, got 'bogus'"):
@@ -184,8 +195,8 @@ KERNEL_CASES = [  # (configuration, rows of x): every kernel, every way of unpac
     (LAUNCH_TABLE["int4"]["gemv"], 1), (LAUNCH_TABLE["int8"]["gemv"], 3),
     (CANDIDATES["gemv"]["n16-k256-w4-s4 convert"], 2), (CANDIDATES["gemv"]["n16-k256-w4-s4 magic"], 1),
     (LAUNCH_TABLE["int8"]["small"], 5),
-    (LAUNCH_TABLE["int4"]["large"], 37), (CANDIDATES["large"]["dequant + cuBLAS"], 9),
-    (LAUNCH_TABLE["int4"]["gemv"], 4), (CANDIDATES["gemv"]["n16-k256-w4-s3 sum per step"], 6),  # 6: 4 + 2 rows
+    (LAUNCH_TABLE["int4"]["large"], 37), (LAUNCH_TABLE["int4"]["large"], 70),
+    (CANDIDATES["large"]["dequant + cuBLAS"], 9), (LAUNCH_TABLE["int4"]["gemv"], 4), (CANDIDATES["gemv"]["n16-k256-w4-s3 sum per step"], 6),  # 6: 4 + 2 rows
 ]
 
 
@@ -204,7 +215,8 @@ def test_quantized_matmul_matches_the_reference(method, config, m, dtype, n, k):
 
 TILED_CASES = [(LAUNCH_TABLE["int4"]["gemv"], 1), (LAUNCH_TABLE["int4"]["gemv"], 3),
                (CANDIDATES["gemv"]["n16-k256-w4-s4 magic"], 2), (LAUNCH_TABLE["int4"]["small"], 5),
-               (LAUNCH_TABLE["int4"]["large"], 37), (CANDIDATES["large"]["dequant + cuBLAS"], 9)]
+               (LAUNCH_TABLE["int4"]["large"], 37), (CANDIDATES["large"]["dequant + cuBLAS"], 9),
+               (CANDIDATES["large"]["swap_ab n128-m128-w8-s3"], 70)]
 
 
 @pytest.mark.parametrize("config, m", TILED_CASES, ids=[f"{c.kernel}-n{c.block_n}-m{m}" for c, m in TILED_CASES])
@@ -214,7 +226,7 @@ def test_every_int4_kernel_reads_tiles_as_it_reads_rows(config, m, n, k):
     384 inputs a partial 256-input step; split-K slices the tiles' groups."""
     x, qweight, scales = matmul_case("int4", m, n, k, torch.float32, seed=4)
     tiles = tile_int4(qweight)
-    for split_k in ((None, 2) if config.kernel == "gemv" else (None,)):
+    for split_k in ((None, 2) if config.kernel in ("gemv", "swap_ab") else (None,)):
         out = quantized_matmul(x, tiles, scales, "int4", config=config, split_k=split_k)
         assert_close_to_reference(out, x, qweight, scales, "int4")
         rows = quantized_matmul(x, qweight, scales, "int4", config=config, split_k=split_k)
@@ -380,6 +392,8 @@ def test_the_wrapper_refuses_bad_shapes_in_one_line():
     strided = torch.zeros(64, 4, device=DEVICE)[::2, ::2]  # scales contiguous along neither dimension
     with pytest.raises(ValueError, match="scales along one of theirs"):
         quantized_matmul(x, tiles, strided, "int4")
+    with pytest.raises(ValueError, match=r"split_k must be in \[1, 2\] \(K's loop steps of 128 inputs\), got 3"):
+        quantized_matmul(x, tiles, scales, "int4", config=LAUNCH_TABLE["int4"]["large"], split_k=3)
 
 
 @cuda_only

@@ -13,10 +13,12 @@ so a captured CUDA graph always replays the launch it recorded):
             4 rows takes 4.42 ms in int4 and 4.69 in int8 this way, 5.56 on int8's GEMV, bf16 4.96; at 2 rows
             the GEMV wins (results/h200/m13_step_times+regimes-ab.json, +int8-small-batches.json), so both
             methods leave it after 2.
-    large   M <= LARGE_MAX_M (decode at batch 33-512)  the same kernel with larger tiles, or ``dequant``:
-            unpack the weight into a bf16 scratch, a slice of rows at a time, and let cuBLAS do the product.
-            Either way slower than bf16 here (a step at 64 rows: 0.46x in int4, 0.44x in int8): the unpacking
-            is extra work once the tensor cores, not the bytes, set the pace.
+    large   M <= LARGE_MAX_M (decode at batch 33-512)  int4: ``swap_ab`` (``swap_ab_matmul.py``), the tensor
+            cores with W's unpacked tile as their register operand and x's rows as the other (``out^T = W x^T``),
+            K in slices where N gives too few programs. int8: ``dequant``, the weight unpacked into a bf16
+            scratch a slice of rows at a time for cuBLAS. Both slower than bf16 here (a step at 64 rows: int8
+            0.44x; int4 0.46x through the scratch): the unpacking is extra work once the tensor cores, not the
+            bytes, set the pace.
     prefill M > LARGE_MAX_M (prompt chunks)  the same choice where the product is thousands of rows: there the
             unpacking is amortised over every row, and cuBLAS wins (the microbenchmark decides).
 
@@ -29,7 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-KERNELS = ("gemv", "dot", "dequant")
+KERNELS = ("gemv", "dot", "swap_ab", "dequant")
 UNPACK_MODES = ("convert", "magic", "subnormal")  # gemv: nibbles to floats (QuantMatmulConfig)
 GEMV_MAX_M = 2  # rows of x up to which both methods run the gemv regime
 SMALL_MAX_M = 32
@@ -41,7 +43,9 @@ MAX_SPLIT_K = 16
 class QuantMatmulConfig:
     """Launch parameters of one quantized matmul.
 
-    ``kernel``: ``gemv`` (CUDA cores, streaming), ``dot`` (tensor cores) or ``dequant`` (scratch + cuBLAS).
+    ``kernel``: ``gemv`` (CUDA cores, streaming), ``dot`` (tensor cores, W's tile as their shared-memory
+    operand), ``swap_ab`` (tensor cores, W's tile as their register operand; ``block_m`` the most rows of x a
+    program takes, ``swap_ab_rows``) or ``dequant`` (scratch + cuBLAS).
     ``block_n`` / ``block_k``: output rows and inputs per program per loop step (int4: ``block_k`` is a multiple
     of the 128-input group); ``block_m``: rows of ``x`` per program for ``dot`` (``gemv`` uses M rounded up to a
     power of two). ``num_warps`` / ``num_stages``: Triton's threads per program and software-pipelining depth
@@ -53,7 +57,8 @@ class QuantMatmulConfig:
     the -8 comes off the sum once per pair of inputs). int8 uses ``magic`` for both of the last two. ``defer_sum``: ``gemv``
     keeps a partial sum per element across the loop and reduces across K once at the end (fewer shuffles, more
     registers: used only where it fits in 64 per thread) instead of a cross-thread reduction in every step.
-    ``min_programs_per_sm``: ``gemv`` splits K until the launch has at least this many programs per SM.
+    ``min_programs_per_sm``: ``gemv`` and ``swap_ab`` split K until the launch has at least this many programs
+    per SM.
     """
 
     kernel: str = "gemv"
@@ -76,7 +81,7 @@ class QuantMatmulConfig:
             value = getattr(self, name)
             if value < 1 or value & (value - 1):
                 raise ValueError(f"{name} must be a power of two, got {value}")
-        if self.kernel == "dot" and min(self.block_m, self.block_n, self.block_k) < 16:
+        if self.kernel in ("dot", "swap_ab") and min(self.block_m, self.block_n, self.block_k) < 16:
             raise ValueError("tl.dot needs block_m, block_n and block_k >= 16")
         if self.num_warps not in (1, 2, 4, 8, 16) or self.num_stages < 1 or self.group_m < 1:
             raise ValueError(f"bad launch parameters num_warps={self.num_warps} num_stages={self.num_stages} "
@@ -98,10 +103,15 @@ def regime(m: int) -> str:
 # 32 x 4). The other regimes, from the full quant_bench (results/h200/quant_bench.json, batch 4 to
 # 2,048): 16 rows x 32 outputs x 256 inputs on the tensor cores at 3-32 rows (int4 at batch 16: 3.67 ms a step's
 # matmuls, the config before 4.61, bf16 4.22), and from 33 rows the dequant path (at 256 rows 13.6 ms against the
-# best tl.dot's 15.9; at 2,048, 55 against 102). Compiled for sm_90 (tests/compile_m13_for_gpu.py --registers),
-# nothing spills.
+# best tl.dot's 15.9; at 2,048, 55 against 102). int4 from 33 to 512 rows: swap_ab, 64 rows of W by up to 128 of
+# x, K in slices for 2 programs an SM (results/h200/int4_wide.json, per shape at 64 and 128 rows: q/k/v 24.9 and
+# 32.8 us against the dequant path's 36.0 and 37.3, gate_up 58.7 and 77.0 against 148.1 and 157.3, down_proj 38.2
+# and 50.5 against 79.9 and 86.9, the LM head 292 and 401 against 916 and 974; bf16's cuBLAS 16.5, 52.6, 32.3, 311
+# at 64 rows). Compiled for sm_90 (tests/compile_m13_for_gpu.py --registers), nothing spills.
 SMALL = QuantMatmulConfig("dot", block_m=16, block_n=32, block_k=256, num_warps=4, num_stages=4)
 DEQUANT = QuantMatmulConfig("dequant", block_n=64, block_k=256, num_warps=4, num_stages=2)
+SWAP_AB = QuantMatmulConfig("swap_ab", block_m=128, block_n=64, block_k=128, num_warps=4, num_stages=3,
+                            min_programs_per_sm=2)
 LAUNCH_TABLE: dict[str, dict[str, QuantMatmulConfig]] = {
     "int8": {
         "gemv": QuantMatmulConfig("gemv", block_n=8, block_k=512, num_warps=2, num_stages=4),
@@ -113,7 +123,7 @@ LAUNCH_TABLE: dict[str, dict[str, QuantMatmulConfig]] = {
         "gemv": QuantMatmulConfig("gemv", block_n=32, block_k=256, num_warps=1, num_stages=3,
                                   min_programs_per_sm=3),
         "small": SMALL,
-        "large": DEQUANT,
+        "large": SWAP_AB,
         "prefill": DEQUANT,
     },
 }
@@ -129,6 +139,9 @@ LARGE_CANDIDATES: dict[str, QuantMatmulConfig] = {
     "m128-n64-k128-w4-s4": QuantMatmulConfig("dot", block_m=128, block_n=64, block_k=128, num_warps=4,
                                              num_stages=4),
     "dequant + cuBLAS": QuantMatmulConfig("dequant", block_n=64, block_k=256, num_warps=4, num_stages=2),
+    "swap_ab n64-m128-w4-s3": SWAP_AB,
+    "swap_ab n128-m128-w8-s3": QuantMatmulConfig("swap_ab", block_m=128, block_n=128, block_k=128, num_warps=8,
+                                                 num_stages=3, min_programs_per_sm=2),
 }
 
 # What benchmarks/quant_bench.py times: every candidate in its regime, for both methods (int4 needs block_k a
@@ -168,8 +181,16 @@ def fits_method(config: QuantMatmulConfig, method: str) -> bool:
     return method == "int8" or config.block_k % 128 == 0
 
 
+def swap_ab_rows(m: int, config: QuantMatmulConfig) -> int:
+    """``swap_ab``: rows of x a program takes: ``M`` rounded up to a power of two (at least 16, tl.dot's least),
+    at most ``block_m``; 33-64 rows take 64, beyond that ``block_m``."""
+    return min(config.block_m, max(16, 1 << (m - 1).bit_length()))
+
+
 def choose_split_k(m: int, n: int, k: int, num_sms: int, config: QuantMatmulConfig) -> int:
     """``gemv``: slices of K, so that ``cdiv(N, block_n) * split_k`` reaches ``min_programs_per_sm`` per SM.
+    ``swap_ab`` likewise over its ``cdiv(M, swap_ab_rows) * cdiv(N, block_n)`` programs (the loop steps of int4
+    are its 128-input groups).
 
     int4's words kernel runs one warp of 32 rows per program, and a warp that streams needs company on its SM to
     keep enough loads in flight. Qwen3-8B on an H200 (132 SMs): q/k/v has 192 such programs, o_proj and down_proj
@@ -179,9 +200,12 @@ def choose_split_k(m: int, n: int, k: int, num_sms: int, config: QuantMatmulConf
     write of each slice's sums and, per row block, one program that adds them (the kernel's ``SPLIT``): no launch
     of its own.
     """
-    if config.kernel != "gemv":
+    if config.kernel == "swap_ab":
+        programs = -(-m // swap_ab_rows(m, config)) * -(-n // config.block_n)
+    elif config.kernel == "gemv":
+        programs = -(-n // config.block_n)
+    else:
         return 1
-    programs = -(-n // config.block_n)
     wanted = -(-config.min_programs_per_sm * num_sms // programs)
     steps = k // config.block_k
     most = max(1, min(steps, MAX_SPLIT_K))

@@ -28,8 +28,11 @@ and each column's scale multiplies the float32 result at the end. int4: each gro
 unpacked tile before its dot (a bf16 rounding of 1/256, beside the format's own step of 1/14 of the range), so every
 dot accumulates into one float32 tile; a separate product per group would double the registers the tile needs.
 
-**dequant** (from 33 rows in ``LAUNCH_TABLE``): W unpacked into a bf16 scratch a slice of rows at a time, for
-cuBLAS (``dequant_matmul.py``).
+**swap_ab** (int4 at 33-512 rows in ``LAUNCH_TABLE``): the tensor cores with the operands swapped,
+``out^T = W x^T``, so that W's unpacked tile goes to them from registers (``swap_ab_matmul.py``).
+
+**dequant** (int8 from 33 rows, int4 beyond 512 in ``LAUNCH_TABLE``): W unpacked into a bf16 scratch a slice of
+rows at a time, for cuBLAS (``dequant_matmul.py``).
 
 The GEMV's finishing programs can also do the small kernel after the matmul (``gemv_epilogues.py``), through
 ``quantized_silu_and_mul`` and ``quantized_add_rms_norm`` (``epilogue_matmuls.py``).
@@ -53,6 +56,7 @@ from .gemv_epilogues import (ADD_RMS_NORM, SILU_AND_MUL, _Epilogue, _norm_consta
                              norm_when_last, pair_rows)
 from .launch_config import UNPACK_MODES, QuantMatmulConfig, choose_launch, choose_split_k, fits_method
 from .quantize import GROUP_SIZE, QUANTIZATION_METHODS, TILE_ROWS
+from .swap_ab_matmul import swap_ab_matmul
 from .weight_unpacking import (MAGIC, SUBNORMAL, UNIT_DOWN, _int4_group_subnormal, _int4_products, _int4_rows,
                                _int8_to_float, _load_x, _unpack_int4)
 
@@ -419,8 +423,8 @@ def quantized_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tenso
                      config: QuantMatmulConfig | None = None, split_k: int | None = None) -> torch.Tensor:
     """``x [M, K] @ dequantize(qweight, scales)^T`` -> ``[M, N]`` in ``x``'s dtype.
 
-    ``config``: by default ``launch_config.LAUNCH_TABLE``'s entry for ``M``'s regime; ``split_k`` (gemv only)
-    overrides the heuristic's number of K slices.
+    ``config``: by default ``launch_config.LAUNCH_TABLE``'s entry for ``M``'s regime; ``split_k`` (gemv and
+    swap_ab) overrides the heuristic's number of K slices.
     """
     m, n, k, config, split_k = _plan(x, qweight, scales, method, config, split_k)
     if m == 0:
@@ -430,6 +434,8 @@ def quantized_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tenso
         return _gemv(x, qweight, scales, m, n, k, int4, config, split_k)
     if config.kernel == "dot":
         return _dot(x, qweight, scales, m, n, k, int4, config)
+    if config.kernel == "swap_ab":
+        return swap_ab_matmul(x, qweight, scales, m, n, k, int4, config, split_k)
     return _dequant_then_cublas(x, qweight, scales, n, k, int4, config)
 
 
