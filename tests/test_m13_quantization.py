@@ -148,11 +148,12 @@ def test_regimes_and_split_k_for_qwen3_8b_shapes():
     assert choose_split_k(1, 256, 256, 132, words) == 1
     assert choose_split_k(1, 256, 256 * 13, 132, words) == 13  # 8 programs want 17 slices: 13 steps allow 13
     assert choose_split_k(1, 256, 256 * 17, 132, words) == 16  # 17 steps (prime): 16 slices, unequal
-    config, split = choose_launch("int8", 64, 4096, 4096, 132)
-    assert config.kernel == "dequant" and config == LAUNCH_TABLE["int8"]["large"] and split == 1
-    # int4 from 33 rows: swap_ab, 64 rows of W a program, K in slices until there are 2 programs an SM
+    config, split = choose_launch("int8", 1024, 4096, 4096, 132)
+    assert config.kernel == "dequant" and config == LAUNCH_TABLE["int8"]["prefill"] and split == 1
+    # from 33 rows: swap_ab, 64 rows of W a program, K in slices until there are 2 programs an SM
     wide = LAUNCH_TABLE["int4"]["large"]
-    assert wide.kernel == "swap_ab" and LAUNCH_TABLE["int4"]["prefill"].kernel == "dequant"
+    assert wide.kernel == "swap_ab" and LAUNCH_TABLE["int8"]["large"] == wide
+    assert LAUNCH_TABLE["int4"]["prefill"].kernel == "dequant"
     assert [swap_ab_rows(m, wide) for m in (3, 33, 64, 65, 128, 512)] == [16, 64, 64, 128, 128, 128]
     splits = {(n, k): choose_launch("int4", 64, n, k, 132)[1]
               for n, k in ((6144, 4096), (4096, 4096), (24576, 4096), (4096, 12288), (151936, 4096))}

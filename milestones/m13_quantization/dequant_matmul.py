@@ -1,6 +1,6 @@
 """The dequant path: W widened into a scratch in memory, then cuBLAS; and the float32 product every kernel must meet.
 
-From 33 rows of x (``LAUNCH_TABLE``'s ``large`` and ``prefill`` entries) the weight is widened in memory after all:
+Beyond 512 rows of x (``LAUNCH_TABLE``'s ``prefill`` entries) the weight is widened in memory after all:
 ``_dequant_then_cublas`` unpacks a slice of W's rows into a scratch in x's dtype (``_dequantize_kernel``, with
 ``weight_unpacking.py``'s helpers) and calls ``F.linear`` (cuBLAS) on it, slice after slice, at most
 ``DEQUANT_SCRATCH_BYTES`` of scratch at a time; at thousands of rows the product dwarfs the unpacking.

@@ -13,14 +13,15 @@ so a captured CUDA graph always replays the launch it recorded):
             4 rows takes 4.42 ms in int4 and 4.69 in int8 this way, 5.56 on int8's GEMV, bf16 4.96; at 2 rows
             the GEMV wins (results/h200/m13_step_times+regimes-ab.json, +int8-small-batches.json), so both
             methods leave it after 2.
-    large   M <= LARGE_MAX_M (decode at batch 33-512)  int4: ``swap_ab`` (``swap_ab_matmul.py``), the tensor
-            cores with W's unpacked tile as their register operand and x's rows as the other (``out^T = W x^T``),
-            K in slices where N gives too few programs. int8: ``dequant``, the weight unpacked into a bf16
-            scratch a slice of rows at a time for cuBLAS. Both slower than bf16 here (a step at 64 rows: int8
-            0.44x; int4 0.46x through the scratch): the unpacking is extra work once the tensor cores, not the
-            bytes, set the pace.
-    prefill M > LARGE_MAX_M (prompt chunks)  the same choice where the product is thousands of rows: there the
-            unpacking is amortised over every row, and cuBLAS wins (the microbenchmark decides).
+    large   M <= LARGE_MAX_M (decode at batch 33-512)  ``swap_ab`` (``swap_ab_matmul.py``): the tensor cores
+            with W's unpacked tile as their register operand and x's rows as the other (``out^T = W x^T``), K
+            in slices where N gives too few programs. Still slower than bf16 (a Qwen3-8B step at 64 rows: int4
+            0.94x, int8 0.86x; at 128, 0.75x and 0.76x; through a bf16 scratch for cuBLAS, the table before,
+            0.47x and 0.45x: results/h200/m13_step_times+swap-ab.json): the unpacking is extra work once the
+            tensor cores, not the bytes, set the pace.
+    prefill M > LARGE_MAX_M (prompt chunks)  ``dequant``: the weight unpacked into a bf16 scratch, a slice of
+            rows at a time, for cuBLAS; at thousands of rows the unpacking is amortised over every row, and
+            cuBLAS wins (the microbenchmark decides).
 
 Each regime holds a ``QuantMatmulConfig`` per method (``LAUNCH_TABLE``). ``python -m benchmarks.quant_bench`` on
 a GPU times every candidate of ``CANDIDATES`` at Qwen3-8B's layer shapes and prints the table its measurements
@@ -102,12 +103,13 @@ def regime(m: int) -> str:
 # slices against 10.7 in 384 programs of 16 rows, o_proj 7.1 in 32 x 4 against 8.5 in 512 of 8, down_proj 12.8 in
 # 32 x 4). The other regimes, from the full quant_bench (results/h200/quant_bench.json, batch 4 to
 # 2,048): 16 rows x 32 outputs x 256 inputs on the tensor cores at 3-32 rows (int4 at batch 16: 3.67 ms a step's
-# matmuls, the config before 4.61, bf16 4.22), and from 33 rows the dequant path (at 256 rows 13.6 ms against the
-# best tl.dot's 15.9; at 2,048, 55 against 102). int4 from 33 to 512 rows: swap_ab, 64 rows of W by up to 128 of
-# x, K in slices for 2 programs an SM (results/h200/int4_wide.json, per shape at 64 and 128 rows: q/k/v 24.9 and
-# 32.8 us against the dequant path's 36.0 and 37.3, gate_up 58.7 and 77.0 against 148.1 and 157.3, down_proj 38.2
-# and 50.5 against 79.9 and 86.9, the LM head 292 and 401 against 916 and 974; bf16's cuBLAS 16.5, 52.6, 32.3, 311
-# at 64 rows). Compiled for sm_90 (tests/compile_m13_for_gpu.py --registers), nothing spills.
+# matmuls, the config before 4.61, bf16 4.22), and beyond 512 rows the dequant path (at 2,048, 55 ms against the
+# best tl.dot's 102). From 33 to 512 rows: swap_ab, 64 rows of W by up to 128 of x, K in slices for 2 programs an
+# SM (results/h200/int4_wide.json, int4 per shape at 64 and 128 rows: q/k/v 24.9 and 32.8 us against the dequant
+# path's 36.0 and 37.3, gate_up 58.7 and 77.0 against 148.1 and 157.3, down_proj 38.2 and 50.5 against 79.9 and
+# 86.9, the LM head 292 and 401 against 916 and 974; bf16's cuBLAS 16.5, 52.6, 32.3, 311 at 64 rows; in the step,
+# m13_step_times+swap-ab.json, int4 0.94x bf16 at 64 rows against 0.47x, int8 0.86x against 0.45x). Compiled for
+# sm_90 (tests/compile_m13_for_gpu.py --registers), nothing spills.
 SMALL = QuantMatmulConfig("dot", block_m=16, block_n=32, block_k=256, num_warps=4, num_stages=4)
 DEQUANT = QuantMatmulConfig("dequant", block_n=64, block_k=256, num_warps=4, num_stages=2)
 SWAP_AB = QuantMatmulConfig("swap_ab", block_m=128, block_n=64, block_k=128, num_warps=4, num_stages=3,
@@ -116,7 +118,7 @@ LAUNCH_TABLE: dict[str, dict[str, QuantMatmulConfig]] = {
     "int8": {
         "gemv": QuantMatmulConfig("gemv", block_n=8, block_k=512, num_warps=2, num_stages=4),
         "small": SMALL,
-        "large": DEQUANT,
+        "large": SWAP_AB,
         "prefill": DEQUANT,
     },
     "int4": {

@@ -28,10 +28,10 @@ and each column's scale multiplies the float32 result at the end. int4: each gro
 unpacked tile before its dot (a bf16 rounding of 1/256, beside the format's own step of 1/14 of the range), so every
 dot accumulates into one float32 tile; a separate product per group would double the registers the tile needs.
 
-**swap_ab** (int4 at 33-512 rows in ``LAUNCH_TABLE``): the tensor cores with the operands swapped,
+**swap_ab** (33-512 rows in ``LAUNCH_TABLE``): the tensor cores with the operands swapped,
 ``out^T = W x^T``, so that W's unpacked tile goes to them from registers (``swap_ab_matmul.py``).
 
-**dequant** (int8 from 33 rows, int4 beyond 512 in ``LAUNCH_TABLE``): W unpacked into a bf16 scratch a slice of
+**dequant** (beyond 512 rows in ``LAUNCH_TABLE``): W unpacked into a bf16 scratch a slice of
 rows at a time, for cuBLAS (``dequant_matmul.py``).
 
 The GEMV's finishing programs can also do the small kernel after the matmul (``gemv_epilogues.py``), through
