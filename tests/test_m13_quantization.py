@@ -169,6 +169,8 @@ def test_launch_config_validation():
         QuantMatmulConfig("dot", block_m=8)
     with pytest.raises(ValueError, match="tl.dot needs"):
         QuantMatmulConfig("swap_ab", block_n=8)
+    with pytest.raises(ValueError, match="swap_ab steps through K 128 inputs at a time"):
+        QuantMatmulConfig("swap_ab", block_m=64, block_n=64, block_k=256)
     with pytest.raises(ValueError, match="kernel must be"):
         QuantMatmulConfig("cutlass")
     with pytest.raises(ValueError, match="unpack must be one of convert, magic, subnormal, got 'bogus'"):
@@ -197,7 +199,8 @@ KERNEL_CASES = [  # (configuration, rows of x): every kernel, every way of unpac
     (CANDIDATES["gemv"]["n16-k256-w4-s4 convert"], 2), (CANDIDATES["gemv"]["n16-k256-w4-s4 magic"], 1),
     (LAUNCH_TABLE["int8"]["small"], 5),
     (LAUNCH_TABLE["int4"]["large"], 37), (LAUNCH_TABLE["int4"]["large"], 70),
-    (CANDIDATES["large"]["dequant + cuBLAS"], 9), (LAUNCH_TABLE["int4"]["gemv"], 4), (CANDIDATES["gemv"]["n16-k256-w4-s3 sum per step"], 6),  # 6: 4 + 2 rows
+    (CANDIDATES["large"]["dequant + cuBLAS"], 9), (LAUNCH_TABLE["int4"]["gemv"], 4),
+    (CANDIDATES["gemv"]["n16-k256-w4-s3 sum per step"], 6),  # 6: 4 + 2 rows
 ]
 
 
@@ -212,6 +215,26 @@ def test_quantized_matmul_matches_the_reference(method, config, m, dtype, n, k):
     assert_close_to_reference(out, x, qweight, scales, method)
     if method == "int4":  # packed rows with the scales group by group (QuantizedLinear's where N % 16): the same sums
         assert torch.equal(quantized_matmul(x, qweight, group_major(scales), method, config=config), out)
+
+
+@pytest.mark.parametrize("method, n, k", [("int8", 72, 200), ("int4", 80, 640)], ids=["int8-k-tail", "int4"])
+def test_swap_ab_slices_row_blocks_and_empty_shapes(method, n, k):
+    """swap_ab past one block of x's rows (200: 128 + a partial 72), N past whole programs of 64 rows, int8's K
+    past whole 128-input steps, every count of slices of K (the last ones empty where the count does not divide
+    the steps); empty products without a launch, and a count of slices out of range refused in one line."""
+    config = LAUNCH_TABLE[method]["large"]
+    x, qweight, scales = matmul_case(method, 200, n, k, torch.float32, seed=7)
+    steps = -(-k // 128)
+    for split_k in range(1, steps + 1):
+        assert_close_to_reference(quantized_matmul(x, qweight, scales, method, config=config, split_k=split_k), x,
+                                  qweight, scales, method)
+    assert quantized_matmul(x[:0], qweight, scales, method, config=config).shape == (0, n)
+    empty_w, empty_s = (qweight[:0], scales[:0])
+    assert quantized_matmul(x, empty_w, empty_s, method, config=config).shape == (200, 0)
+    with pytest.raises(ValueError, match=rf"split_k must be an int in \[1, {steps}\]"):
+        quantized_matmul(x, qweight, scales, method, config=config, split_k=steps + 1)
+    with pytest.raises(ValueError, match="split_k must be an int"):
+        quantized_matmul(x, qweight, scales, method, config=config, split_k=2.0)
 
 
 TILED_CASES = [(LAUNCH_TABLE["int4"]["gemv"], 1), (LAUNCH_TABLE["int4"]["gemv"], 3),
@@ -393,7 +416,7 @@ def test_the_wrapper_refuses_bad_shapes_in_one_line():
     strided = torch.zeros(64, 4, device=DEVICE)[::2, ::2]  # scales contiguous along neither dimension
     with pytest.raises(ValueError, match="scales along one of theirs"):
         quantized_matmul(x, tiles, strided, "int4")
-    with pytest.raises(ValueError, match=r"split_k must be in \[1, 2\] \(K's loop steps of 128 inputs\), got 3"):
+    with pytest.raises(ValueError, match=r"split_k must be an int in \[1, 2\] \(K's loop steps of 128 inputs"):
         quantized_matmul(x, tiles, scales, "int4", config=LAUNCH_TABLE["int4"]["large"], split_k=3)
 
 

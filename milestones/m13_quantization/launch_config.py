@@ -38,6 +38,7 @@ GEMV_MAX_M = 2  # rows of x up to which both methods run the gemv regime
 SMALL_MAX_M = 32
 LARGE_MAX_M = 512
 MAX_SPLIT_K = 16
+SWAP_AB_BLOCK_K = 128  # swap_ab's loop step: one int4 group (int8 takes the same width)
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,9 @@ class QuantMatmulConfig:
                 raise ValueError(f"{name} must be a power of two, got {value}")
         if self.kernel in ("dot", "swap_ab") and min(self.block_m, self.block_n, self.block_k) < 16:
             raise ValueError("tl.dot needs block_m, block_n and block_k >= 16")
+        if self.kernel == "swap_ab" and self.block_k != SWAP_AB_BLOCK_K:
+            raise ValueError(f"swap_ab steps through K {SWAP_AB_BLOCK_K} inputs at a time (int4's group): "
+                             f"block_k must be {SWAP_AB_BLOCK_K}, got {self.block_k}")
         if self.num_warps not in (1, 2, 4, 8, 16) or self.num_stages < 1 or self.group_m < 1:
             raise ValueError(f"bad launch parameters num_warps={self.num_warps} num_stages={self.num_stages} "
                              f"group_m={self.group_m}")
@@ -109,7 +113,8 @@ def regime(m: int) -> str:
 # path's 36.0 and 37.3, gate_up 58.7 and 77.0 against 148.1 and 157.3, down_proj 38.2 and 50.5 against 79.9 and
 # 86.9, the LM head 292 and 401 against 916 and 974; bf16's cuBLAS 16.5, 52.6, 32.3, 311 at 64 rows; in the step,
 # m13_step_times+swap-ab.json, int4 0.94x bf16 at 64 rows against 0.47x, int8 0.86x against 0.45x). Compiled for
-# sm_90 (tests/compile_m13_for_gpu.py --registers), nothing spills.
+# sm_90 (tests/compile_m13_for_gpu.py --registers): with bf16 or fp16 activations nothing spills (float32 ones
+# spill in the tensor-core kernels, a path for tests, not for speed).
 SMALL = QuantMatmulConfig("dot", block_m=16, block_n=32, block_k=256, num_warps=4, num_stages=4)
 DEQUANT = QuantMatmulConfig("dequant", block_n=64, block_k=256, num_warps=4, num_stages=2)
 SWAP_AB = QuantMatmulConfig("swap_ab", block_m=128, block_n=64, block_k=128, num_warps=4, num_stages=3,
@@ -191,8 +196,9 @@ def swap_ab_rows(m: int, config: QuantMatmulConfig) -> int:
 
 def choose_split_k(m: int, n: int, k: int, num_sms: int, config: QuantMatmulConfig) -> int:
     """``gemv``: slices of K, so that ``cdiv(N, block_n) * split_k`` reaches ``min_programs_per_sm`` per SM.
-    ``swap_ab`` likewise over its ``cdiv(M, swap_ab_rows) * cdiv(N, block_n)`` programs (the loop steps of int4
-    are its 128-input groups).
+    ``swap_ab`` likewise over its ``cdiv(M, swap_ab_rows) * cdiv(N, block_n)`` programs (its loop steps are 128
+    inputs wide: an int4 group); there each slice's float32 sums go to a plane of their own, added by one more
+    launch after the kernel.
 
     int4's words kernel runs one warp of 32 rows per program, and a warp that streams needs company on its SM to
     keep enough loads in flight. Qwen3-8B on an H200 (132 SMs): q/k/v has 192 such programs, o_proj and down_proj
@@ -200,13 +206,15 @@ def choose_split_k(m: int, n: int, k: int, num_sms: int, config: QuantMatmulConf
     The slices are equal: the count is rounded up to one that divides K's loop steps (q/k/v's 16 steps in 4
     slices of 4, not in 6 + 6 + 4, whose launch lasts as long as its longest slices). A split costs a float32
     write of each slice's sums and, per row block, one program that adds them (the kernel's ``SPLIT``): no launch
-    of its own.
+    of its own. No programs at all (an empty M or N): no slices.
     """
     if config.kernel == "swap_ab":
         programs = -(-m // swap_ab_rows(m, config)) * -(-n // config.block_n)
     elif config.kernel == "gemv":
         programs = -(-n // config.block_n)
     else:
+        return 1
+    if programs == 0:
         return 1
     wanted = -(-config.min_programs_per_sm * num_sms // programs)
     steps = k // config.block_k

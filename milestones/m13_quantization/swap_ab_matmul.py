@@ -12,10 +12,10 @@ needs. Swap the operands and compute ``out^T = W x^T`` instead::
                   acc[BLOCK_N, BLOCK_M] += A @ B       (two wgmma chains: the group's low and high nibbles)
 
 The weight goes from memory to registers to the tensor cores without a shared-memory round trip, each of its
-bytes read once for up to 128 rows of x. Where N gives too few programs to fill the GPU (o_proj and down_proj
-have 4,096 rows: 64 programs of 64), K is cut into slices (``launch_config.choose_split_k``): each slice writes
-float32 sums to its own plane of a scratch, and the planes are added in slice order afterwards (one more launch;
-the same bits every run).
+bytes read once for up to 128 rows of x. Where N gives too few programs to fill the GPU (at 64 rows q/k/v has 96
+programs of 64 rows, o_proj and down_proj 64), K is cut into slices (``launch_config.choose_split_k``): each
+slice writes float32 sums to its own plane of a scratch, and one reduction over the planes adds them afterwards
+(one more launch; the same bits every run).
 
 int8 runs the same kernel: its integers (exact in bf16) go into the dot, and each row's scale multiplies the
 float32 sums at the end. On the H200 a Qwen3-8B decode step at 64 rows took 6.62 ms in int4 and 7.29 in int8
@@ -34,7 +34,7 @@ import triton.language as tl
 
 from milestones.m08_triton_kernel.device_kernel import device_kernel, runs_interpreted
 
-from .launch_config import QuantMatmulConfig, swap_ab_rows
+from .launch_config import MAX_SPLIT_K, QuantMatmulConfig, swap_ab_rows
 from .quantize import GROUP_SIZE, TILE_ROWS
 from .weight_unpacking import MAGIC, _int4_rows, _int8_to_float, _unpack_int4
 
@@ -107,8 +107,13 @@ def swap_ab_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     block_m = swap_ab_rows(m, config)
     block_k = GROUP_SIZE if int4 else config.block_k
     steps = -(-k // block_k)
-    if not 1 <= split_k <= steps:
-        raise ValueError(f"split_k must be in [1, {steps}] (K's loop steps of {block_k} inputs), got {split_k}")
+    most = max(1, min(steps, MAX_SPLIT_K))
+    if isinstance(split_k, bool) or not isinstance(split_k, int) or not 1 <= split_k <= most:
+        raise ValueError(f"split_k must be an int in [1, {most}] (K's loop steps of {block_k} inputs, at most "
+                         f"{MAX_SPLIT_K}), got {split_k!r}")
+    if m == 0 or n == 0 or k == 0:
+        return x.new_zeros((m, n))  # nothing to launch: an empty product, or sums over no inputs
+    split_k = -(-steps // -(-steps // split_k))  # slices that hold at least one step (the kernel's own split)
     if split_k > 1:
         planes = torch.empty((split_k, m, n), device=x.device, dtype=torch.float32)
         out = planes
@@ -126,4 +131,4 @@ def swap_ab_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     )
     if split_k == 1:
         return out
-    return planes.sum(0).to(x.dtype)  # the slices in order: the same bits every run
+    return planes.sum(0).to(x.dtype)  # one reduction over the planes: the same bits every run
