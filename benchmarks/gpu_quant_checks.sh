@@ -3,6 +3,7 @@
 #   gate      the float32 correctness gate of m13 (unquantized) on qwen3-0.6b-random                        ~1 min
 #   tests     tests/test_m13_quantization.py compiled for the GPU (Qwen3-8B's layer shapes, every candidate)  ~4-5 min
 #   bench     python -m benchmarks.quant_bench: every candidate at Qwen3-8B's shapes, batch 1-2048         < 3 min
+#             (BENCH_ARGS adds flags, e.g. "--batches 1,2,4,8,16,32 --budget-s 220")
 #   probe     python -m benchmarks.step_probe on m13's nanovllm steady state, bf16 and then FP8 K/V            ~2 min
 #   step      python -m benchmarks.quant_step --gate: the batch-1/4/16 decode step on qwen3-8b-random       ~5 min
 #             (STEP_ARGS replaces --gate, e.g. "--batches 1,4 --rounds 3" after the gate part)
@@ -32,7 +33,9 @@ json.dump(record, open('$WORK/gate_m13.json', 'w'), default=str); sys.exit(recor
                 > "$WORK/pytest_m13_cuda.log" 2>&1
             echo "pytest tests/test_m13_quantization.py: exit $?"; tail -n 3 "$WORK/pytest_m13_cuda.log" ;;
         bench)
-            timeout 240 "$PY" -m benchmarks.quant_bench --out "$WORK/quant_bench.json" > "$WORK/quant_bench.log" 2>&1
+            # shellcheck disable=SC2086  # BENCH_ARGS is a list of flags
+            timeout 280 "$PY" -m benchmarks.quant_bench ${BENCH_ARGS:-} --out "$WORK/quant_bench.json" \
+                > "$WORK/quant_bench.log" 2>&1
             echo "quant_bench: exit $?"; grep -E "^batch-1 sum|^->" "$WORK/quant_bench.log" ;;
         step)
             # shellcheck disable=SC2086  # STEP_ARGS is a list of flags

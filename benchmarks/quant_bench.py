@@ -40,7 +40,8 @@ QWEN3_8B_SHAPES = {  # name -> (N, K), after m10's packing
 }
 NUM_LAYERS = 36
 BATCHES = (1, 4, 16, 64, 256, 2048)
-CANDIDATE_BATCHES = {"gemv": (1, 4), "small": (4, 16), "large": (64, 256), "prefill": (2048,)}  # where each runs
+# where each regime's candidates run (a batch run only if --batches has it)
+CANDIDATE_BATCHES = {"gemv": (1, 2, 4), "small": (4, 8, 16, 32), "large": (64, 256), "prefill": (2048,)}
 TOLERANCE = 2e-2  # max |out - reference| / max |reference|, reference: bf16 F.linear on the dequantized weight
 
 
