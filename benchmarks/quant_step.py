@@ -10,7 +10,7 @@ sequence, nothing stored) in interleaved rounds, each ratio taken within a round
 quantized engine's logits are first compared with the reference's; ``--gate`` runs the float32 gate first.
 
 A quantized mode may name another kernel for a regime of ``launch_config.LAUNCH_TABLE``: ``int4@small=swap_ab``
-is int4 with ``swap_ab`` at 3-32 rows (``@`` again for another regime). The table is swapped while that engine
+is int4 with ``swap_ab`` at 3-16 rows (``@`` again for another regime). The table is swapped while that engine
 captures its graphs (which then replay what they recorded) and while its logits are compared, nowhere else.
 """
 

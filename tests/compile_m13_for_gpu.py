@@ -54,7 +54,8 @@ def matmul_jobs(candidates: bool, quick: bool = False):
                     if fits_method(config, method)]
     jobs = []
     for method, label, config in configs:
-        rows = {"gemv": (1, 4), "dot": (16, 256), "swap_ab": (64, 256), "dequant": (256,)}[config.kernel][:1 if quick else None]
+        rows = {"gemv": (1, 4), "dot": (16, 256), "swap_ab": (64, 20, 256),
+                "dequant": (256,)}[config.kernel][:1 if quick else None]
         for dtype in (torch.bfloat16,) if quick else (torch.bfloat16, torch.float16, torch.float32):
             for m in rows:
                 def job(method=method, config=config, m=m, dtype=dtype):

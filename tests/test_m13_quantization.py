@@ -127,7 +127,7 @@ def test_quantized_linear_module_matches_its_dequantized_weight(out_features):
 
 
 def test_regimes_and_split_k_for_qwen3_8b_shapes():
-    assert [regime(m) for m in (1, 2, 3, 32, 33, 512, 513)] == ["gemv", "gemv", "small", "small", "large", "large",
+    assert [regime(m) for m in (1, 2, 3, 16, 17, 512, 513)] == ["gemv", "gemv", "small", "small", "large", "large",
                                                                 "prefill"]  # the tensor cores from 3 rows
     assert choose_launch("int4", 4, 4096, 4096, 132)[0] == LAUNCH_TABLE["int4"]["small"]
     words = LAUNCH_TABLE["int4"]["gemv"]
@@ -150,11 +150,11 @@ def test_regimes_and_split_k_for_qwen3_8b_shapes():
     assert choose_split_k(1, 256, 256 * 17, 132, words) == 16  # 17 steps (prime): 16 slices, unequal
     config, split = choose_launch("int8", 1024, 4096, 4096, 132)
     assert config.kernel == "dequant" and config == LAUNCH_TABLE["int8"]["prefill"] and split == 1
-    # from 33 rows: swap_ab, 64 rows of W a program, K in slices until there are 2 programs an SM
+    # from 17 rows: swap_ab, 64 rows of W a program, K in slices until there are 2 programs an SM
     wide = LAUNCH_TABLE["int4"]["large"]
     assert wide.kernel == "swap_ab" and LAUNCH_TABLE["int8"]["large"] == wide
     assert LAUNCH_TABLE["int4"]["prefill"].kernel == "dequant"
-    assert [swap_ab_rows(m, wide) for m in (3, 33, 64, 65, 128, 512)] == [16, 64, 64, 128, 128, 128]
+    assert [swap_ab_rows(m, wide) for m in (3, 17, 32, 33, 64, 65, 128, 512)] == [16, 32, 32, 64, 64, 128, 128, 128]
     splits = {(n, k): choose_launch("int4", 64, n, k, 132)[1]
               for n, k in ((6144, 4096), (4096, 4096), (24576, 4096), (4096, 12288), (151936, 4096))}
     # q/k/v: 96 programs want 3 slices of 32 groups, rounded up to 4; o_proj and down_proj: 64 want 5 (8 and 6)
@@ -240,7 +240,7 @@ def test_swap_ab_slices_row_blocks_and_empty_shapes(method, n, k):
 TILED_CASES = [(LAUNCH_TABLE["int4"]["gemv"], 1), (LAUNCH_TABLE["int4"]["gemv"], 3),
                (CANDIDATES["gemv"]["n16-k256-w4-s4 magic"], 2), (LAUNCH_TABLE["int4"]["small"], 5),
                (LAUNCH_TABLE["int4"]["large"], 37), (CANDIDATES["large"]["dequant + cuBLAS"], 9),
-               (CANDIDATES["large"]["swap_ab n128-m128-w8-s3"], 70)]
+               (CANDIDATES["large"]["swap_ab n128-m128-w8-s3"], 70), (LAUNCH_TABLE["int4"]["large"], 20)]
 
 
 @pytest.mark.parametrize("config, m", TILED_CASES, ids=[f"{c.kernel}-n{c.block_n}-m{m}" for c, m in TILED_CASES])

@@ -1,8 +1,8 @@
 """m13_quantization: fewer bytes per weight and per cached token: int8/int4 weight-only matmuls and an FP8 K/V cache.
 
 New here: ``quantize.py`` (the int8 and int4 formats, ``QuantizedLinear``), ``matmul_kernels.py`` (Triton matmuls
-that unpack the weights in registers: a streaming GEMV at 1-2 rows, a tensor-core tile kernel to 32),
-``swap_ab_matmul.py`` (33-512 rows: the tensor cores with W's unpacked tile as their register operand),
+that unpack the weights in registers: a streaming GEMV at 1-2 rows, a tensor-core tile kernel to 16),
+``swap_ab_matmul.py`` (17-512 rows: the tensor cores with W's unpacked tile as their register operand),
 ``weight_unpacking.py`` (how their bits become floats in registers), ``dequant_matmul.py`` (a bf16 scratch for
 cuBLAS beyond 512 rows, and the float32 reference), ``gemv_epilogues.py`` (the GEMV's finish doing the small kernel
 after it: SiLU * up, the add + norm) and ``epilogue_matmuls.py`` (the calls that launch it), ``launch_config.py``

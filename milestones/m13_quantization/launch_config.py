@@ -7,18 +7,21 @@ so a captured CUDA graph always replays the launch it recorded):
             One program per BLOCK_N output rows (and per slice of K when N alone gives too few programs):
             unpack in registers, multiply-add on the CUDA cores, no tensor cores (a 16-row tl.dot would spend
             16x the multiplies on padding).
-    small   M <= SMALL_MAX_M (decode at batch 3-32)  a tile of M rows (padded to 16) on the tensor cores: the
+    small   M <= SMALL_MAX_M (decode at batch 3-16)  a tile of M rows (padded to 16) on the tensor cores: the
             weight tile is unpacked to bf16 in registers and fed to ``tl.dot``, once for all rows, where the GEMV
             unpacks and multiplies each weight once per row on the CUDA cores. On the H200 a Qwen3-8B step at
             4 rows takes 4.42 ms in int4 and 4.69 in int8 this way, 5.56 on int8's GEMV, bf16 4.96; at 2 rows
             the GEMV wins (results/h200/m13_step_times+regimes-ab.json, +int8-small-batches.json), so both
-            methods leave it after 2.
-    large   M <= LARGE_MAX_M (decode at batch 33-512)  ``swap_ab`` (``swap_ab_matmul.py``): the tensor cores
+            methods leave it after 2. Past 16 rows this tile reads W once per 16 rows of x.
+    large   M <= LARGE_MAX_M (decode at batch 17-512)  ``swap_ab`` (``swap_ab_matmul.py``): the tensor cores
             with W's unpacked tile as their register operand and x's rows as the other (``out^T = W x^T``), K
-            in slices where N gives too few programs. Still slower than bf16 (a Qwen3-8B step at 64 rows: int4
-            0.94x, int8 0.86x; at 128, 0.75x and 0.76x; through a bf16 scratch for cuBLAS, the table before,
-            0.47x and 0.45x: results/h200/m13_step_times+swap-ab.json): the unpacking is extra work once the
-            tensor cores, not the bytes, set the pace.
+            in slices where N gives too few programs; each weight byte read once for up to 128 rows. At 32 rows
+            a Qwen3-8B step is int4 1.05x bf16 and int8 0.93x (0.74x and 0.69x on the 16-row tile; at 4 and
+            16 rows the tile is as fast for int4 and faster for int8: results/h200/
+            m13_step_times+small-swap-ab.json). At 64 rows, int4 0.94x and int8 0.86x; at 128, 0.75x and 0.76x
+            (through a bf16 scratch for cuBLAS, the table before, 0.47x and 0.45x:
+            results/h200/m13_step_times+swap-ab.json): the unpacking is extra work once the tensor cores, not
+            the bytes, set the pace.
     prefill M > LARGE_MAX_M (prompt chunks)  ``dequant``: the weight unpacked into a bf16 scratch, a slice of
             rows at a time, for cuBLAS; at thousands of rows the unpacking is amortised over every row, and
             cuBLAS wins (the microbenchmark decides).
@@ -35,7 +38,7 @@ from dataclasses import dataclass
 KERNELS = ("gemv", "dot", "swap_ab", "dequant")
 UNPACK_MODES = ("convert", "magic", "subnormal")  # gemv: nibbles to floats (QuantMatmulConfig)
 GEMV_MAX_M = 2  # rows of x up to which both methods run the gemv regime
-SMALL_MAX_M = 32
+SMALL_MAX_M = 16
 LARGE_MAX_M = 512
 MAX_SPLIT_K = 16
 SWAP_AB_BLOCK_K = 128  # swap_ab's loop step: one int4 group (int8 takes the same width)
@@ -106,13 +109,15 @@ def regime(m: int) -> str:
 # (results/h200/int4_split_finish.json, rows per program x slices at each shape: q/k/v 9.2 us in 32 rows x 4
 # slices against 10.7 in 384 programs of 16 rows, o_proj 7.1 in 32 x 4 against 8.5 in 512 of 8, down_proj 12.8 in
 # 32 x 4). The other regimes, from the full quant_bench (results/h200/quant_bench.json, batch 4 to
-# 2,048): 16 rows x 32 outputs x 256 inputs on the tensor cores at 3-32 rows (int4 at batch 16: 3.67 ms a step's
+# 2,048): 16 rows x 32 outputs x 256 inputs on the tensor cores at 3-16 rows (int4 at batch 16: 3.67 ms a step's
 # matmuls, the config before 4.61, bf16 4.22), and beyond 512 rows the dequant path (at 2,048, 55 ms against the
-# best tl.dot's 102). From 33 to 512 rows: swap_ab, 64 rows of W by up to 128 of x, K in slices for 2 programs an
+# best tl.dot's 102). From 17 to 512 rows: swap_ab, 64 rows of W by up to 128 of x, K in slices for 2 programs an
 # SM (results/h200/int4_wide.json, int4 per shape at 64 and 128 rows: q/k/v 24.9 and 32.8 us against the dequant
 # path's 36.0 and 37.3, gate_up 58.7 and 77.0 against 148.1 and 157.3, down_proj 38.2 and 50.5 against 79.9 and
 # 86.9, the LM head 292 and 401 against 916 and 974; bf16's cuBLAS 16.5, 52.6, 32.3, 311 at 64 rows; in the step,
-# m13_step_times+swap-ab.json, int4 0.94x bf16 at 64 rows against 0.47x, int8 0.86x against 0.45x). Compiled for
+# m13_step_times+swap-ab.json, int4 0.94x bf16 at 64 rows against 0.47x, int8 0.86x against 0.45x); from 17 rows,
+# not 33, since calls 72-73 (quant_bench+small-swap-ab.json: at 32 rows int4's gate_up 43.0 us against the 16-row
+# tile's 81.8, the LM head 228 against 477; m13_step_times+small-swap-ab.json, above). Compiled for
 # sm_90 (tests/compile_m13_for_gpu.py --registers): with bf16 or fp16 activations nothing spills (float32 ones
 # spill in the tensor-core kernels, a path for tests, not for speed).
 SMALL = QuantMatmulConfig("dot", block_m=16, block_n=32, block_k=256, num_warps=4, num_stages=4)
@@ -192,7 +197,7 @@ def fits_method(config: QuantMatmulConfig, method: str) -> bool:
 
 def swap_ab_rows(m: int, config: QuantMatmulConfig) -> int:
     """``swap_ab``: rows of x a program takes: ``M`` rounded up to a power of two (at least 16, tl.dot's least),
-    at most ``block_m``; 33-64 rows take 64, beyond that ``block_m``."""
+    at most ``block_m``; 17-32 rows take 32, 33-64 take 64, beyond that ``block_m``."""
     return min(config.block_m, max(16, 1 << (m - 1).bit_length()))
 
 

@@ -21,14 +21,14 @@ How the bytes become floats inside these kernels, int4 read from packed rows or 
 unpack a nibble (``convert``, ``magic``, and ``subnormal``: no conversion at all, the GEMV's int4 default) are
 ``weight_unpacking.py``'s lesson.
 
-**dot** (batch 3-32 in ``LAUNCH_TABLE``, ``_quantized_dot_kernel``): the classic tiled matmul
+**dot** (batch 3-16 in ``LAUNCH_TABLE``, ``_quantized_dot_kernel``): the classic tiled matmul
 (``BLOCK_M`` rows of x by ``BLOCK_N`` rows of W, grouped so that tiles reuse W from L2), whose W tile is unpacked to
 the activations' dtype and fed to ``tl.dot`` on the tensor cores. int8: the integers (exact in bf16) go into the dot
 and each column's scale multiplies the float32 result at the end. int4: each group's scale is multiplied into the
 unpacked tile before its dot (a bf16 rounding of 1/256, beside the format's own step of 1/14 of the range), so every
 dot accumulates into one float32 tile; a separate product per group would double the registers the tile needs.
 
-**swap_ab** (33-512 rows in ``LAUNCH_TABLE``): the tensor cores with the operands swapped,
+**swap_ab** (17-512 rows in ``LAUNCH_TABLE``): the tensor cores with the operands swapped,
 ``out^T = W x^T``, so that W's unpacked tile goes to them from registers (``swap_ab_matmul.py``).
 
 **dequant** (beyond 512 rows in ``LAUNCH_TABLE``): W unpacked into a bf16 scratch a slice of
