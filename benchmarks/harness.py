@@ -147,8 +147,7 @@ def _merge_stats(stats_list: list[dict]) -> tuple[dict, dict[str, list]]:
             if merged.get(f"kv_{what}_byte_steps") is not None:
                 merged[f"kv_{what}_mean_bytes"] = merged[f"kv_{what}_byte_steps"] / merged["kv_records"]
     computed, padding = merged.get("tokens_computed"), merged.get("padding_tokens")
-    merged["useful_token_fraction"] = (
-        (computed - padding) / computed if computed and padding is not None else None)
+    merged["useful_token_fraction"] = (computed - padding) / computed if computed and padding is not None else None
     return merged, series
 
 
@@ -218,8 +217,7 @@ def measure(runner: Runner, workload: Workload, use_tqdm: bool) -> dict:
     stats, series = _merge_stats([r.stats for r in phase_results])
     return {
         "metrics": _metrics(outputs, wall, stats, series, cuda_peak),
-        "groups": _group_metrics(workload, outputs, wall),
-        "sweep": _sweep(workload, phase_results),
+        "groups": _group_metrics(workload, outputs, wall), "sweep": _sweep(workload, phase_results),
         "phases": [{"label": p.label, "num_requests": len(p.requests), "wall_time_s": r.wall_time_s, "mode": mode}
                    for p, r, mode in zip(workload.phases, phase_results, modes)],
         "per_step": {k: v for k, v in series.items() if v} or None,

@@ -177,17 +177,26 @@ def parse_shapes(text: str) -> dict[str, tuple[int, int]]:
     return {f"{n}x{k}": (n, k) for n, k in pairs}
 
 
+def parse_candidates(text: str) -> frozenset[str]:
+    """argparse ``type=`` for comma-separated names of ``launch_config.CANDIDATES``."""
+    names, known = frozenset(filter(None, map(str.strip, text.split(",")))), {n for c in CANDIDATES.values() for n in c}
+    if not names or names - known:
+        raise argparse.ArgumentTypeError(f"unknown {sorted(names - known) or text!r}: use {', '.join(sorted(known))}")
+    return names
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.quant_bench", description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", dest="candidates", action="store_const", const=frozenset(),
-                        help="the launch table's configuration only")
+    only = parser.add_mutually_exclusive_group()
+    only.add_argument("--quick", dest="candidates", action="store_const", const=frozenset(),
+                      help="the launch table's configuration only")
     parser.add_argument("--methods", type=lambda t: t.split(","), default=["bf16", "int8", "int4"],
                         help="formats to time (default bf16,int8,int4)")
     parser.add_argument("--shapes", type=parse_shapes, default=None, help="NxK,... (default: Qwen3-8B's five)")
     parser.add_argument("--batches", type=positive_int_list, default=BATCHES,
                         help="rows of x (default 1,4,16,64,256,2048)")
-    parser.add_argument("--candidates", type=lambda t: frozenset(t.split(",")),
-                        help="comma-separated names from launch_config.CANDIDATES to time beside the table's entry")
+    only.add_argument("--candidates", type=parse_candidates, help="names from launch_config.CANDIDATES to time "
+                      "beside the table's entry, each at its regime's CANDIDATE_BATCHES (default: all)")
     parser.add_argument("--budget-s", type=float, default=150.0, help="stop starting new cases after this long")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--rep-ms", type=int, default=20, help="ms of graph replays per GPU time (do_bench_cudagraph)")
@@ -197,8 +206,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> dict:
-    if args.candidates and (unknown := args.candidates - {n for c in CANDIDATES.values() for n in c}):
-        raise SystemExit(f"error: unknown candidates {sorted(unknown)}: see launch_config.CANDIDATES")
     began = time.perf_counter()
     device = require_device(args.device)
     timing = Timing(device, rep_ms=args.rep_ms)
@@ -218,13 +225,13 @@ def run(args: argparse.Namespace) -> dict:
                 rows += measure_case(name, n, k, m, weights[name, method], timing, copy_gbs, args.candidates, args.seed)
     if skipped:
         print(f"time budget ({args.budget_s:.0f} s) spent: not measured: {', '.join(skipped)}", flush=True)
-    table = {method: {kind: dataclasses.asdict(c) for kind, c in regimes.items()}
-             for method, regimes in LAUNCH_TABLE.items()}
     timing_notes = {"gpu": timing.describe("the weight"),
                     "bytes": "the weight (qweight + scales, or the bf16 matrix), x and the output, each once"}
     return {"name": "quant_bench", "env": environment(device),
-            "shapes": {name: {"n": n, "k": k} for name, (n, k) in shapes.items()}, "launch_table": table,
+            "shapes": {name: {"n": n, "k": k} for name, (n, k) in shapes.items()},
+            "launch_table": {m: {k: dataclasses.asdict(c) for k, c in t.items()} for m, t in LAUNCH_TABLE.items()},
             "num_sms": sm_count(device), "timing": timing_notes, "copy_bandwidth_gbs": copy_gbs, "tolerance": TOLERANCE,
+            "candidates": None if args.candidates is None else sorted(args.candidates),
             "rows": rows, "recommended": recommend(rows), "batch1_sums": batch1_sums(rows),
             "total_s": time.perf_counter() - began, "skipped": skipped,
             "ok": all(r["max_rel_error"] <= TOLERANCE for r in rows)}

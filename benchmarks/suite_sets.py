@@ -105,12 +105,9 @@ def tensor_parallel(milestone: str, size: int, *more: tuple[str, object], suffix
 
 SETS: dict[str, list[Entry]] = {  # named by what they measure; calls/*.json record which sets each call ran
     "smoke": [  # every engine on a few requests: does it all run here? (~65 s)
-        Run("m01", "single-sweep", 6, max_requests=2),
-        Run("m02", "offline", 12, max_requests=4),
-        Run("m03", "offline", 10, max_requests=8),
-        Run("m04", "offline", 10, max_requests=8),
-        Run("m04", "memory-bound", 10, max_requests=8),
-        Run("hf-static", "offline", 15, max_requests=8),
+        Run("m01", "single-sweep", 6, max_requests=2), Run("m02", "offline", 12, max_requests=4),
+        Run("m03", "offline", 10, max_requests=8), Run("m04", "offline", 10, max_requests=8),
+        Run("m04", "memory-bound", 10, max_requests=8), Run("hf-static", "offline", 15, max_requests=8),
     ],
     # ---- interleaved comparisons, one milestone step each (two of them fill one ~560 s call)
     "m03-m06-offline": [Compare(("m03", "m04", "m05", "m06"), "offline", run_s=(13, 13, 13, 13))],

@@ -285,9 +285,7 @@ _BUILDERS = {
                           "finally outweighs per-step overhead"),
     "offline": partial(_uniform_batch, name="offline", num=128, prompt=(32, 512), output=(16, 256),
                        description="128 requests, prompt 32..512, output 16..256 (uniform), at most 64 in flight"),
-    "nanovllm": _nanovllm,
-    "skewed": _skewed,
-    "memory-bound": _memory_bound,
+    "nanovllm": _nanovllm, "skewed": _skewed, "memory-bound": _memory_bound,
     "prefix": partial(_shared_prefix, name="prefix", num=32, prefix_len=1024, suffix_len=32, output_len=32),
     # prefix-large is sized so that prefill is most of the work: what a prefix cache saves end to end
     "prefix-large": partial(_shared_prefix, name="prefix-large", num=256, prefix_len=4096, suffix_len=64,

@@ -814,3 +814,19 @@ def test_quant_bench_runs_and_recommends_a_table(tmp_path):
     assert measured == {(method, m) for method in ("bf16", "int8", "int4") for m in (1, 16)}
     assert all(r["in_table"] for r in result["rows"])
     assert "LAUNCH_TABLE" in result["recommended"]["paste"] and set(result["recommended"]["table"]) == {"int8", "int4"}
+
+
+def test_quant_bench_times_the_candidates_it_is_given(tmp_path):
+    """``--candidates``: those named, at their regimes' batches, beside the table's entry; an unknown name, or
+    ``--quick`` beside it, is refused before anything runs."""
+    from benchmarks import quant_bench
+
+    result = quant_bench.main(["--device", str(DEVICE), "--shapes", "64x256", "--batches", "1", "--methods", "int4",
+                               "--candidates", "swap_ab n64-m128-w4-s3, n16-k256-w4-s4 magic",
+                               "--out", str(tmp_path / "quant_bench.json")])
+    assert result["ok"] and result["candidates"] == ["n16-k256-w4-s4 magic", "swap_ab n64-m128-w4-s3"]
+    assert {r["config_name"] for r in result["rows"]} == {"table gemv", "swap_ab n64-m128-w4-s3",
+                                                          "n16-k256-w4-s4 magic"}
+    for bad in (["--candidates", "nope"], ["--quick", "--candidates", "swap_ab n64-m128-w4-s3"]):
+        with pytest.raises(SystemExit):
+            quant_bench.build_parser().parse_args(bad)

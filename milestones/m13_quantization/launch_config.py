@@ -172,7 +172,7 @@ CANDIDATES: dict[str, dict[str, QuantMatmulConfig]] = {
                                                    min_programs_per_sm=4),
         "n16-k256-w4-s3 sum per step": QuantMatmulConfig("gemv", block_n=16, block_k=256, num_warps=4,
                                                          num_stages=3, defer_sum=False),
-        "swap_ab n64-m128-w4-s3": SWAP_AB,  # the tensor cores at one or two rows, 16 rows of x padded
+        "swap_ab n64-m128-w4-s3": SWAP_AB,  # the tensor cores at 1-4 rows, x padded to 16 rows
     },
     "small": {
         "swap_ab n64-m128-w4-s3": SWAP_AB,  # x's rows padded to 16 (to 32 past 16 rows)
