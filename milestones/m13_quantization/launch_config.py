@@ -12,7 +12,7 @@ so a captured CUDA graph always replays the launch it recorded):
             unpacks and multiplies each weight once per row on the CUDA cores. On the H200 a Qwen3-8B step at
             4 rows takes 4.42 ms in int4 and 4.69 in int8 this way, 5.56 on int8's GEMV, bf16 4.96; at 2 rows
             the GEMV wins (results/h200/m13_step_times+regimes-ab.json, +int8-small-batches.json), so both
-            methods leave it after 2. Past 16 rows this tile reads W once per 16 rows of x.
+            methods leave it after 2. Past 16 rows it loads and unpacks W once per 16 rows of x.
     large   M <= LARGE_MAX_M (decode at batch 17-512)  ``swap_ab`` (``swap_ab_matmul.py``): the tensor cores
             with W's unpacked tile as their register operand and x's rows as the other (``out^T = W x^T``), K
             in slices where N gives too few programs; each weight byte read once for up to 128 rows. At 32 rows

@@ -21,7 +21,7 @@ int8 runs the same kernel: its integers (exact in bf16) go into the dot, and eac
 float32 sums at the end. On the H200 a Qwen3-8B decode step at 64 rows took 6.62 ms in int4 and 7.29 in int8
 this way, against 13.28 and 13.81 with W unpacked into a bf16 scratch for cuBLAS (the table before), and bf16's
 6.25 (``benchmarks/results/h200/m13_step_times+swap-ab.json``): twice as fast, and still no faster than bf16.
-At 32 rows it beats bf16 in int4 (5.41 ms, 1.05x bf16's 5.68) where the tiled matmul, which reads W once per 16
+At 32 rows it beats bf16 in int4 (5.41 ms, 1.05x bf16's 5.68) where the tiled matmul, which unpacks W once per 16
 rows of x, took 7.72 (``m13_step_times+small-swap-ab.json``): so it runs from 17 rows. The tensor cores wait on
 each group's unpacking, which a hand-scheduled kernel (Marlin's) overlaps with the previous group's products.
 """
