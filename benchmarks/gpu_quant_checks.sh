@@ -3,7 +3,8 @@
 #   gate      the float32 correctness gate of m13 (unquantized) on qwen3-0.6b-random                        ~1 min
 #   tests     tests/test_m13_quantization.py compiled for the GPU (Qwen3-8B's layer shapes, every candidate)  ~4-5 min
 #   bench     python -m benchmarks.quant_bench: every candidate at Qwen3-8B's shapes, batch 1-2048         < 3 min
-#             (BENCH_ARGS adds flags, e.g. "--batches 1,2,4,8,16,32 --budget-s 220")
+#             (BENCH_ARGS adds flags, e.g. "--batches 1,2,4,8,16,32 --budget-s 220"; it is split at spaces, so
+#             --candidates, whose names hold spaces, is for quant_bench run by hand after sourcing gpu_env.sh)
 #   probe     python -m benchmarks.step_probe on m13's nanovllm steady state, bf16 and then FP8 K/V            ~2 min
 #   step      python -m benchmarks.quant_step --gate: the batch-1/4/16 decode step on qwen3-8b-random       ~5 min
 #             (STEP_ARGS replaces --gate, e.g. "--batches 1,4 --rounds 3" after the gate part)
