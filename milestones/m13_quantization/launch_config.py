@@ -36,7 +36,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 KERNELS = ("gemv", "dot", "swap_ab", "dequant")
-UNPACK_MODES = ("convert", "magic", "subnormal")  # gemv: nibbles to floats (QuantMatmulConfig)
+UNPACK_MODES = ("convert", "magic", "subnormal", "dp4a")  # gemv: nibbles to floats (QuantMatmulConfig)
 GEMV_MAX_M = 2  # rows of x up to which both methods run the gemv regime
 SMALL_MAX_M = 16
 LARGE_MAX_M = 512

@@ -57,7 +57,8 @@ from .gemv_epilogues import (ADD_RMS_NORM, SILU_AND_MUL, _Epilogue, _norm_consta
 from .launch_config import UNPACK_MODES, QuantMatmulConfig, choose_launch, choose_split_k, fits_method
 from .quantize import GROUP_SIZE, QUANTIZATION_METHODS, TILE_ROWS
 from .swap_ab_matmul import swap_ab_matmul
-from .weight_unpacking import (MAGIC, SUBNORMAL, UNIT_DOWN, _int4_group_subnormal, _int4_products, _int4_rows,
+from .integer_dots import _int4_group_dp4a, int16_x
+from .weight_unpacking import (DP4A, MAGIC, SUBNORMAL, UNIT_DOWN, _int4_group_subnormal, _int4_products, _int4_rows,
                                _int8_to_float, _load_x, _unpack_int4)
 
 ACTIVATION_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -105,7 +106,7 @@ def _quantized_gemv_kernel(
     INT4: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP: tl.constexpr, UNPACK: tl.constexpr, SPLIT: tl.constexpr, EVEN: tl.constexpr, DEFER_SUM: tl.constexpr,
     NUM_STAGES: tl.constexpr, TILED: tl.constexpr, EPILOGUE: tl.constexpr, NORM_N: tl.constexpr,
-    NORM_WHOLE: tl.constexpr, BLOCKS_N: tl.constexpr,
+    NORM_WHOLE: tl.constexpr, BLOCKS_N: tl.constexpr, PTX: tl.constexpr,
 ):
     """One program: output rows [pid_n * BLOCK_N, +BLOCK_N) for the ``ROWS`` (1-4) rows of x, over its slice of K.
 
@@ -137,7 +138,7 @@ def _quantized_gemv_kernel(
         col_ok = cols < N
     k_start = pid_k * k_per_split
     k_end = tl.minimum(k_start + k_per_split, K)
-    WORDS: tl.constexpr = INT4 and UNPACK == SUBNORMAL  # int4 read as int32 words of 8 nibbles (w_ptr: int32)
+    WORDS: tl.constexpr = INT4 and UNPACK >= SUBNORMAL  # int4 read as int32 words of 8 nibbles (w_ptr: int32)
     # what one load reads of a weight row: int4 words of a group, int4 bytes of a group, or int8 bytes of a step
     WIDTH: tl.constexpr = GROUP // 8 if WORDS else GROUP // 2 if INT4 else BLOCK_K
     j = tl.arange(0, WIDTH)
@@ -169,7 +170,20 @@ def _quantized_gemv_kernel(
                     # a group past k_end has x = 0: any finite scale will do, read from a valid address
                     scale = tl.load(s_ptr + cols * stride_sn + (tl.minimum(kg, K - GROUP) // GROUP) * stride_sg,
                                     mask=col_ok, other=0.0)
-                if WORDS:
+                if WORDS and UNPACK == DP4A:  # x_ptr: int16_x's words (integer_dots.py)
+                    group_ok = None if EVEN else kg < k_end
+                    part, s_x = _int4_group_dp4a(b, x_ptr, K, kg, group_ok, WIDTH, PTX)
+                    acc0 = _fold(acc0, part.to(tl.float32) * (scale * s_x)[:, None], DEFER_SUM)
+                    if ROWS > 1:
+                        part, s_x = _int4_group_dp4a(b, x_ptr + stride_xm, K, kg, group_ok, WIDTH, PTX)
+                        acc1 = _fold(acc1, part.to(tl.float32) * (scale * s_x)[:, None], DEFER_SUM)
+                    if ROWS > 2:
+                        part, s_x = _int4_group_dp4a(b, x_ptr + 2 * stride_xm, K, kg, group_ok, WIDTH, PTX)
+                        acc2 = _fold(acc2, part.to(tl.float32) * (scale * s_x)[:, None], DEFER_SUM)
+                    if ROWS > 3:
+                        part, s_x = _int4_group_dp4a(b, x_ptr + 3 * stride_xm, K, kg, group_ok, WIDTH, PTX)
+                        acc3 = _fold(acc3, part.to(tl.float32) * (scale * s_x)[:, None], DEFER_SUM)
+                elif WORDS:
                     x_group = x_ptr + kg
                     if not EVEN:  # the whole group is in this slice of K, or none of it
                         x_ok = kg + tl.arange(0, HALF) < k_end
@@ -464,20 +478,21 @@ def _gemv(x, qweight, scales, m, n, k, int4, config, split_k, epilogue: _Epilogu
         residual, norm_weight = epilogue.residual, epilogue.norm_weight
         squares = torch.empty((m, blocks), dtype=torch.float32, device=x.device)
     even = outputs % per_block == 0 and k % config.block_k == 0 and k_per_split % config.block_k == 0
-    words = int4 and config.unpack == "subnormal"
+    words = int4 and config.unpack in ("subnormal", "dp4a")
     if words:  # the kernel reads int4 as int32 words of 8 nibbles (rows of K // 2 bytes: whole words)
         qweight = qweight.view(torch.int32)
+    x_in = int16_x(x) if int4 and config.unpack == "dp4a" else x  # x as 16-bit integers (integer_dots.py)
     width = GROUP_SIZE // 8 if words else GROUP_SIZE // 2 if int4 else config.block_k  # elements a row load reads
     per_thread = m * config.block_n * width // (32 * config.num_warps)  # the deferred sums' registers
     _quantized_gemv_kernel[(blocks, split_k)](
-        x, qweight, scales, out, partial_sums, counters, residual, norm_weight, squares, outputs, k, k_per_split,
-        epilogue.eps, x.stride(0), qweight.stride(0), scales.stride(0), scales.stride(-1), out.stride(0),
+        x_in, qweight, scales, out, partial_sums, counters, residual, norm_weight, squares, outputs, k, k_per_split,
+        epilogue.eps, x_in.stride(0), qweight.stride(0), scales.stride(0), scales.stride(-1), out.stride(0),
         residual.stride(0),
         INT4=int4, ROWS=m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP=GROUP_SIZE,
         UNPACK=UNPACK_MODES.index(config.unpack), SPLIT=split_k > 1, EVEN=even,
         DEFER_SUM=config.defer_sum and per_thread <= MAX_DEFERRED_PER_THREAD,
         NUM_STAGES=config.num_stages, TILED=qweight.dim() == 4, EPILOGUE=epilogue_index(epilogue.name),
-        **_norm_constants(epilogue.name, outputs, blocks, m),
+        **_norm_constants(epilogue.name, outputs, blocks, m), PTX=not runs_interpreted(x.device),
         num_warps=config.num_warps,
     )
     return out

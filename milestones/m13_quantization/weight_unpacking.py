@@ -49,6 +49,7 @@ from .quantize import TILE_ROWS
 CONVERT = tl.constexpr(0)  # the kernels' numbering of launch_config.UNPACK_MODES
 MAGIC = tl.constexpr(1)
 SUBNORMAL = tl.constexpr(2)
+DP4A = tl.constexpr(3)  # int4 times x as 16-bit integers, four products an instruction (integer_dots.py)
 # SUBNORMAL's units: a nibble or byte u read as float bits is u * 2^-149; x is scaled up by 2^64 so that the
 # products (u * x * 2^-85) stay normal floats; the row's sum is scaled back by 2^85 at the end (powers of two:
 # exact). |x| < 2^64 is all it asks of the activations; of the arithmetic, that subnormals are kept, not flushed

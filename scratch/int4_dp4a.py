@@ -1,0 +1,123 @@
+"""One GPU call: int4's batch-1 GEMV with x as 16-bit integers and dp4a (``integer_dots.py``) against m13's table.
+
+1. The step (quant_step on qwen3-8b-random, 512 keys, the float32 gate first, 5 interleaved rounds), each
+   engine's graphs captured under its own table: ``bf16``, ``int4`` (the table: ``subnormal``) and
+   ``int4-dp4a`` (the same launch, ``unpack="dp4a"``: one ``int16_x`` launch before each GEMV).
+2. Each of Qwen3-8B's five batch-1 matmuls, 36 launches over distinct weights in one CUDA graph, 5 interleaved
+   rounds, µs a launch: the table, dp4a with x already converted, dp4a with its conversion, the conversion alone.
+   Each is first checked against the float reference.
+
+    python3 scratch/int4_dp4a.py OUT_DIR
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import statistics
+import sys
+
+import torch
+
+import benchmarks.quant_step as quant_step
+from benchmarks.env import environment
+from milestones.m13_quantization import integer_dots, launch_config, matmul_kernels
+from milestones.m13_quantization.quantize import dequantize_int4, group_major, tile_int4, untile_int4
+
+SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (24576, 4096), "down": (4096, 12288),
+          "lm_head": (151936, 4096)}
+LAUNCHES, ROUNDS, REPLAYS = 36, 5, 10
+TABLE = launch_config.LAUNCH_TABLE["int4"]["gemv"]
+DP4A = dataclasses.replace(TABLE, unpack="dp4a")
+
+
+def step(out_dir: str) -> None:
+    plain_build = quant_step.build
+
+    def build(mode, args):
+        saved = launch_config.LAUNCH_TABLE["int4"]["gemv"]
+        try:  # the graphs record the launches they capture: the table matters only while building
+            if mode == "int4-dp4a":
+                launch_config.LAUNCH_TABLE["int4"]["gemv"] = DP4A
+            return plain_build(mode, args)
+        finally:
+            launch_config.LAUNCH_TABLE["int4"]["gemv"] = saved
+
+    quant_step.MODES.setdefault("int4-dp4a", {"quantization": "int4"})
+    quant_step.build = build
+    quant_step.main(["--gate", "--modes", "bf16,int4,int4-dp4a", "--batches", "1,2", "--rounds", "5",
+                     "--out", f"{out_dir}/m13_step_times_dp4a.json"])
+    quant_step.build = plain_build
+
+
+def graph_of(launches) -> torch.cuda.CUDAGraph:
+    for launch in launches:  # warm-up (compiles; split counters allocated outside the capture)
+        launch()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for launch in launches:
+            launch()
+    return graph
+
+
+def per_shape(out_dir: str) -> dict:
+    torch.manual_seed(0)
+    result = {"name": "int4_dp4a", "env": environment("cuda"), "launches": LAUNCHES, "rounds": ROUNDS,
+              "replays": REPLAYS, "table": dataclasses.asdict(TABLE), "shapes": {}}
+    for name, (n, k) in SHAPES.items():
+        x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+        weights = [(tile_int4(torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, device="cuda")),
+                    group_major(torch.rand(n, k // 128, device="cuda") * 0.02 + 0.001)) for _ in range(LAUNCHES)]
+        w0, s0 = weights[0]
+        reference = x.float() @ dequantize_int4(untile_int4(w0), s0).t()
+        errors = {}
+        for label, config in (("table", TABLE), ("dp4a", DP4A)):
+            out = matmul_kernels.quantized_matmul(x, w0, s0, "int4", config=config).float()
+            errors[label] = ((out - reference).norm() / reference.norm()).item()
+        x_ready = integer_dots.int16_x(x)
+        real_int16_x = matmul_kernels.int16_x
+        variants = {
+            "table": [lambda w=w, s=s: matmul_kernels.quantized_matmul(x, w, s, "int4") for w, s in weights],
+            "dp4a, x ready": [lambda w=w, s=s: matmul_kernels.quantized_matmul(x, w, s, "int4", config=DP4A)
+                              for w, s in weights],
+            "dp4a with int16_x": [lambda w=w, s=s: matmul_kernels.quantized_matmul(x, w, s, "int4", config=DP4A)
+                                  for w, s in weights],
+            "int16_x alone": [lambda: integer_dots.int16_x(x) for _ in weights],
+        }
+        graphs = {}
+        for label, launches in variants.items():
+            if label == "dp4a, x ready":
+                matmul_kernels.int16_x = lambda _x: x_ready
+            try:
+                graphs[label] = graph_of(launches)
+            finally:
+                matmul_kernels.int16_x = real_int16_x
+        times = {label: [] for label in graphs}
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        for _ in range(ROUNDS):
+            for label, graph in graphs.items():
+                graph.replay()
+                start.record()
+                for _ in range(REPLAYS):
+                    graph.replay()
+                end.record()
+                end.synchronize()
+                times[label].append(start.elapsed_time(end) * 1000 / (REPLAYS * LAUNCHES))
+        result["shapes"][name] = {"n": n, "k": k, "relative_error": errors, "us": times,
+                                  "median_us": {label: statistics.median(v) for label, v in times.items()}}
+        print(name, {label: round(statistics.median(v), 2) for label, v in times.items()}, errors, flush=True)
+        del graphs, weights
+        torch.cuda.empty_cache()
+    with open(f"{out_dir}/int4_dp4a.json", "w") as f:
+        json.dump(result, f, indent=1, default=str)
+    return result
+
+
+if __name__ == "__main__":
+    out = sys.argv[1] if len(sys.argv) > 1 else "."
+    which = sys.argv[2] if len(sys.argv) > 2 else "both"
+    if which in ("both", "step"):
+        step(out)
+    if which in ("both", "shapes"):
+        per_shape(out)
