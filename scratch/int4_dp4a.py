@@ -1,8 +1,9 @@
 """One GPU call: int4's batch-1 GEMV with x as 16-bit integers and dp4a (``integer_dots.py``) against m13's table.
 
 1. The step (quant_step on qwen3-8b-random, 512 keys, the float32 gate first, 5 interleaved rounds), each
-   engine's graphs captured under its own table: ``bf16``, ``int4`` (the table: ``subnormal``) and
-   ``int4-dp4a`` (the same launch, ``unpack="dp4a"``: one ``int16_x`` launch before each GEMV).
+   engine's graphs captured under its own table: ``bf16``, ``int4`` (the table: ``subnormal``),
+   ``int4-dp4a`` (the same launch, ``unpack="dp4a"``: x converted by the norm epilogue where it can be, else by
+   an ``int16_x`` launch before the GEMV) and ``int4-dp4a-to-4`` (the same GEMV up to 4 rows, not 2).
 2. Each of Qwen3-8B's five batch-1 matmuls, 36 launches over distinct weights in one CUDA graph, 5 interleaved
    rounds, µs a launch: the table, dp4a with x already converted, dp4a with its conversion, the conversion alone.
    Each is first checked against the float reference.
@@ -31,22 +32,27 @@ TABLE = launch_config.LAUNCH_TABLE["int4"]["gemv"]
 DP4A = dataclasses.replace(TABLE, unpack="dp4a")
 
 
-def step(out_dir: str) -> None:
+STEP_MODES = {"int4-dp4a": {"gemv": DP4A}, "int4-dp4a-to-4": {"gemv": DP4A, "gemv_max_m": 4}}
+
+
+def step(out_dir: str, batches: str = "1,2,4") -> None:
     plain_build = quant_step.build
 
     def build(mode, args):
-        saved = launch_config.LAUNCH_TABLE["int4"]["gemv"]
+        saved = launch_config.LAUNCH_TABLE["int4"]["gemv"], launch_config.GEMV_MAX_M
+        change = STEP_MODES.get(mode, {})
         try:  # the graphs record the launches they capture: the table matters only while building
-            if mode == "int4-dp4a":
-                launch_config.LAUNCH_TABLE["int4"]["gemv"] = DP4A
+            launch_config.LAUNCH_TABLE["int4"]["gemv"] = change.get("gemv", saved[0])
+            launch_config.GEMV_MAX_M = change.get("gemv_max_m", saved[1])
             return plain_build(mode, args)
         finally:
-            launch_config.LAUNCH_TABLE["int4"]["gemv"] = saved
+            launch_config.LAUNCH_TABLE["int4"]["gemv"], launch_config.GEMV_MAX_M = saved
 
-    quant_step.MODES.setdefault("int4-dp4a", {"quantization": "int4"})
+    for mode in STEP_MODES:
+        quant_step.MODES.setdefault(mode, {"quantization": "int4"})
     quant_step.build = build
-    quant_step.main(["--gate", "--modes", "bf16,int4,int4-dp4a", "--batches", "1,2", "--rounds", "5",
-                     "--out", f"{out_dir}/m13_step_times_dp4a.json"])
+    quant_step.main(["--gate", "--modes", "bf16,int4," + ",".join(STEP_MODES), "--batches", batches,
+                     "--rounds", "5", "--out", f"{out_dir}/m13_step_times_dp4a.json"])
     quant_step.build = plain_build
 
 
@@ -118,6 +124,6 @@ if __name__ == "__main__":
     out = sys.argv[1] if len(sys.argv) > 1 else "."
     which = sys.argv[2] if len(sys.argv) > 2 else "both"
     if which in ("both", "step"):
-        step(out)
+        step(out, sys.argv[3] if len(sys.argv) > 3 else "1,2,4")
     if which in ("both", "shapes"):
         per_shape(out)

@@ -100,30 +100,36 @@ def _int4_group_dp4a(words, x_row_ptr, K, kg, group_ok, WORDS: tl.constexpr, PTX
     return high * 256 + low, s_x
 
 
-@device_kernel
 @triton.jit
-def _int16_x_kernel(x_ptr, out_ptr, K, stride_xm, stride_om, GROUPS: tl.constexpr, GROUP: tl.constexpr):
-    """``GROUPS`` groups of one row of x -> their hi and lo bytes (packed four to a word), ``s_x`` and ``sum q``."""
-    row = tl.program_id(0)
-    groups = tl.program_id(1) * GROUPS + tl.arange(0, GROUPS)
-    group_ok = groups < K // GROUP
-    cols = groups[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
-    x = tl.load(x_ptr + row * stride_xm + cols, mask=group_ok[:, None], other=0.0).to(tl.float32)
+def store_int16_rows(x, out_ptr, first_group, groups_ok, K, GROUPS: tl.constexpr, GROUP: tl.constexpr):
+    """``x``: ``[GROUPS, GROUP]`` float32 values of one row, its groups ``first_group`` on -> their hi and lo bytes
+    (four to a word), ``s_x`` and ``sum q``, written into that row's words at ``out_ptr`` (``int16_x``'s form).
+    The ``int16_x`` kernel's body, and the norm epilogue's (``gemv_epilogues.py``) for the row it normalises."""
+    groups = first_group + tl.arange(0, GROUPS)
     biggest = tl.max(tl.abs(x), axis=1)
     s_x = tl.where(biggest > 0, biggest / _X_INT_MAX, 1.0)
     q = _round(x / s_x[:, None])
     q = tl.minimum(tl.maximum(q, -_X_INT_MAX), _X_INT_MAX)
-    hi = (q >> 8) & 0xFF
-    lo = q & 0xFF
     shifts = (tl.arange(0, 4) * 8)[None, None, :]
-    hi_words = tl.sum(tl.reshape(hi, [GROUPS, GROUP // 4, 4]) << shifts, axis=2)
-    lo_words = tl.sum(tl.reshape(lo, [GROUPS, GROUP // 4, 4]) << shifts, axis=2)
+    hi_words = tl.sum(tl.reshape((q >> 8) & 0xFF, [GROUPS, GROUP // 4, 4]) << shifts, axis=2)
+    lo_words = tl.sum(tl.reshape(q & 0xFF, [GROUPS, GROUP // 4, 4]) << shifts, axis=2)
     words = groups[:, None] * (GROUP // 4) + tl.arange(0, GROUP // 4)[None, :]
-    out = out_ptr + row * stride_om
-    tl.store(out + words, hi_words, mask=group_ok[:, None])
-    tl.store(out + K // 4 + words, lo_words, mask=group_ok[:, None])
-    tl.store(out + K // 2 + groups, s_x.to(tl.int32, bitcast=True), mask=group_ok)
-    tl.store(out + K // 2 + K // GROUP + groups, tl.sum(q, axis=1), mask=group_ok)
+    tl.store(out_ptr + words, hi_words, mask=groups_ok[:, None])
+    tl.store(out_ptr + K // 4 + words, lo_words, mask=groups_ok[:, None])
+    tl.store(out_ptr + K // 2 + groups, s_x.to(tl.int32, bitcast=True), mask=groups_ok)
+    tl.store(out_ptr + K // 2 + K // GROUP + groups, tl.sum(q, axis=1), mask=groups_ok)
+
+
+@device_kernel
+@triton.jit
+def _int16_x_kernel(x_ptr, out_ptr, K, stride_xm, stride_om, GROUPS: tl.constexpr, GROUP: tl.constexpr):
+    """``GROUPS`` groups of one row of x -> ``store_int16_rows``."""
+    row = tl.program_id(0)
+    first = tl.program_id(1) * GROUPS
+    groups_ok = first + tl.arange(0, GROUPS) < K // GROUP
+    cols = (first + tl.arange(0, GROUPS))[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
+    x = tl.load(x_ptr + row * stride_xm + cols, mask=groups_ok[:, None], other=0.0).to(tl.float32)
+    store_int16_rows(x, out_ptr + row * stride_om, first, groups_ok, K, GROUPS, GROUP)
 
 
 @triton.jit
@@ -131,6 +137,22 @@ def _round(v):
     """Round to the nearest integer, halves away from zero (any fixed rule will do: x's step is 1/32767 of the
     group's largest input)."""
     return tl.where(v >= 0, v + 0.5, v - 0.5).to(tl.int32)
+
+
+def carry_int16(rows: torch.Tensor, ints: torch.Tensor) -> torch.Tensor:
+    """Hand ``rows`` on with ``ints``, their ``int16_x`` form written by the same kernel (the GEMV's norm epilogue),
+    so that the next dp4a GEMV need not convert them again. Kept on the tensor object with its version counter:
+    a view, or any in-place write to ``rows`` after this, and ``int16_of`` converts afresh."""
+    rows.int16_rows = (ints, rows._version)
+    return rows
+
+
+def int16_of(x: torch.Tensor) -> torch.Tensor:
+    """``x``'s ``int16_x`` form: the one it carries (``carry_int16``), else a conversion launched now."""
+    carried = getattr(x, "int16_rows", None)
+    if carried is not None and carried[1] == x._version:
+        return carried[0]
+    return int16_x(x)
 
 
 def int16_x(x: torch.Tensor) -> torch.Tensor:

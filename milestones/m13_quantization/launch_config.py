@@ -173,9 +173,15 @@ CANDIDATES: dict[str, dict[str, QuantMatmulConfig]] = {
         "n16-k256-w4-s3 sum per step": QuantMatmulConfig("gemv", block_n=16, block_k=256, num_warps=4,
                                                          num_stages=3, defer_sum=False),
         "swap_ab n64-m128-w4-s3": SWAP_AB,  # the tensor cores at 1-4 rows, x padded to 16 rows
+        "n32-k256-w1-s3 subnormal": QuantMatmulConfig("gemv", block_n=32, block_k=256, num_warps=1, num_stages=3,
+                                                      min_programs_per_sm=3, unpack="subnormal"),
+        "n32-k256-w1-s3 dp4a": QuantMatmulConfig("gemv", block_n=32, block_k=256, num_warps=1, num_stages=3,
+                                                 min_programs_per_sm=3, unpack="dp4a"),
     },
     "small": {
         "swap_ab n64-m128-w4-s3": SWAP_AB,  # x's rows padded to 16 (to 32 past 16 rows)
+        "gemv n32-k256-w1-s3 dp4a": QuantMatmulConfig("gemv", block_n=32, block_k=256, num_warps=1, num_stages=3,
+                                                      min_programs_per_sm=3, unpack="dp4a"),  # 4 rows a launch
         "m16-n64-k128-w4-s4": QuantMatmulConfig("dot", block_m=16, block_n=64, block_k=128, num_warps=4,
                                                 num_stages=4),
         "m16-n128-k128-w4-s3": QuantMatmulConfig("dot", block_m=16, block_n=128, block_k=128, num_warps=4,
