@@ -84,7 +84,7 @@ def relative_error(out: torch.Tensor, expected: torch.Tensor) -> float:
 def candidates_for(method: str, m: int, only: frozenset[str] | None) -> dict[str, QuantMatmulConfig]:
     """Configurations timed for ``method`` at ``M`` rows: the launch table's entry, and every candidate of every
     regime that runs at this ``M`` (only those named in ``only``, if given: none for ``--quick``)."""
-    table = {f"table {regime(m)}": LAUNCH_TABLE[method][regime(m)]}
+    table = {f"table {regime(m, method)}": LAUNCH_TABLE[method][regime(m, method)]}
     found = {name: config for kind, configs in CANDIDATES.items() if m in CANDIDATE_BATCHES[kind]
              for name, config in configs.items() if fits_method(config, method) and (only is None or name in only)}
     return found | {name: c for name, c in table.items() if c not in found.values()}
@@ -125,7 +125,7 @@ def recommend(rows: list[dict]) -> dict:
     for method, kind in itertools.product(table, ("gemv", "small", "large", "prefill")):
         times: dict[str, dict] = {}  # config name -> (shape, M) -> ms, over the cells of this method and regime
         for r in rows:
-            if r["method"] == method and regime(r["m"]) == kind:
+            if r["method"] == method and regime(r["m"], method) == kind:
                 times.setdefault(r["config_name"], {})[(r["shape"], r["m"])] = r["ms"]
         cells = {cell for per_config in times.values() for cell in per_config}
         best = {cell: min(t[cell] for t in times.values() if cell in t) for cell in cells}

@@ -1,14 +1,15 @@
-"""One GPU call: int4's batch-1 GEMV with x as 16-bit integers and dp4a (``integer_dots.py``) against m13's table.
+"""One GPU call: int4's GEMV with x as 16-bit integers and dp4a (``integer_dots.py``) against m13's table before.
 
 1. The step (quant_step on qwen3-8b-random, 512 keys, the float32 gate first, 5 interleaved rounds), each
-   engine's graphs captured under its own table: ``bf16``, ``int4`` (the table: ``subnormal``),
-   ``int4-dp4a`` (the same launch, ``unpack="dp4a"``: x converted by the norm epilogue where it can be, else by
-   an ``int16_x`` launch before the GEMV) and ``int4-dp4a-to-4`` (the same GEMV up to 4 rows, not 2).
+   engine's graphs captured under its own table: ``bf16``; ``int4-before`` (the table before: ``subnormal``,
+   the GEMV to 2 rows); ``int4`` (the table now: ``dp4a`` from 2^25 rows x weights, the GEMV to 4 rows);
+   ``int4-dp4a-everywhere`` (the same, dp4a on every GEMV: x's conversion launched even where it does not pay).
+   Call 77 ran it with ``dp4a`` on every GEMV to 2 rows; call 78 with the norm epilogue converting its row.
 2. Each of Qwen3-8B's five batch-1 matmuls, 36 launches over distinct weights in one CUDA graph, 5 interleaved
-   rounds, µs a launch: the table, dp4a with x already converted, dp4a with its conversion, the conversion alone.
-   Each is first checked against the float reference.
+   rounds, µs a launch: ``subnormal``, dp4a with x already converted, dp4a with its conversion, the conversion
+   alone. Each is first checked against the float reference (call 77).
 
-    python3 scratch/int4_dp4a.py OUT_DIR
+    python3 scratch/int4_dp4a.py OUT_DIR [step|shapes|both] [BATCHES]
 """
 
 from __future__ import annotations
@@ -28,31 +29,33 @@ from milestones.m13_quantization.quantize import dequantize_int4, group_major, t
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (24576, 4096), "down": (4096, 12288),
           "lm_head": (151936, 4096)}
 LAUNCHES, ROUNDS, REPLAYS = 36, 5, 10
-TABLE = launch_config.LAUNCH_TABLE["int4"]["gemv"]
+TABLE = dataclasses.replace(launch_config.LAUNCH_TABLE["int4"]["gemv"], unpack="subnormal")  # the table before
 DP4A = dataclasses.replace(TABLE, unpack="dp4a")
 
 
-STEP_MODES = {"int4-dp4a": {"gemv": DP4A}, "int4-dp4a-to-4": {"gemv": DP4A, "gemv_max_m": 4}}
+STEP_MODES = {"int4-before": {"gemv": dataclasses.replace(TABLE, unpack="subnormal"), "int4_gemv_rows": 2},
+              "int4-dp4a-everywhere": {"min_work": 0}}
 
 
-def step(out_dir: str, batches: str = "1,2,4") -> None:
+def step(out_dir: str, batches: str) -> None:
     plain_build = quant_step.build
 
     def build(mode, args):
-        saved = launch_config.LAUNCH_TABLE["int4"]["gemv"], launch_config.GEMV_MAX_M
+        saved = (launch_config.LAUNCH_TABLE["int4"]["gemv"], launch_config.GEMV_MAX_M, launch_config.DP4A_MIN_WORK)
         change = STEP_MODES.get(mode, {})
         try:  # the graphs record the launches they capture: the table matters only while building
             launch_config.LAUNCH_TABLE["int4"]["gemv"] = change.get("gemv", saved[0])
-            launch_config.GEMV_MAX_M = change.get("gemv_max_m", saved[1])
+            launch_config.GEMV_MAX_M = {**saved[1], "int4": change.get("int4_gemv_rows", saved[1]["int4"])}
+            launch_config.DP4A_MIN_WORK = change.get("min_work", saved[2])
             return plain_build(mode, args)
         finally:
-            launch_config.LAUNCH_TABLE["int4"]["gemv"], launch_config.GEMV_MAX_M = saved
+            (launch_config.LAUNCH_TABLE["int4"]["gemv"], launch_config.GEMV_MAX_M,
+             launch_config.DP4A_MIN_WORK) = saved
 
     for mode in STEP_MODES:
         quant_step.MODES.setdefault(mode, {"quantization": "int4"})
     quant_step.build = build
-    quant_step.main(["--gate", "--modes", "bf16,int4," + ",".join(STEP_MODES), "--batches", batches,
-                     "--rounds", "5", "--out", f"{out_dir}/m13_step_times_dp4a.json"])
+    quant_step.main(["--gate", "--modes", "bf16,int4-before,int4,int4-dp4a-everywhere", "--batches", batches, "--rounds", "5", "--out", f"{out_dir}/m13_step_times_dp4a.json"])
     quant_step.build = plain_build
 
 
@@ -78,13 +81,14 @@ def per_shape(out_dir: str) -> dict:
         w0, s0 = weights[0]
         reference = x.float() @ dequantize_int4(untile_int4(w0), s0).t()
         errors = {}
-        for label, config in (("table", TABLE), ("dp4a", DP4A)):
+        for label, config in (("subnormal", TABLE), ("dp4a", DP4A)):
             out = matmul_kernels.quantized_matmul(x, w0, s0, "int4", config=config).float()
             errors[label] = ((out - reference).norm() / reference.norm()).item()
         x_ready = integer_dots.int16_x(x)
         real_int16_x = matmul_kernels.int16_x
         variants = {
-            "table": [lambda w=w, s=s: matmul_kernels.quantized_matmul(x, w, s, "int4") for w, s in weights],
+            "subnormal": [lambda w=w, s=s: matmul_kernels.quantized_matmul(x, w, s, "int4", config=TABLE)
+                          for w, s in weights],
             "dp4a, x ready": [lambda w=w, s=s: matmul_kernels.quantized_matmul(x, w, s, "int4", config=DP4A)
                               for w, s in weights],
             "dp4a with int16_x": [lambda w=w, s=s: matmul_kernels.quantized_matmul(x, w, s, "int4", config=DP4A)
@@ -124,6 +128,6 @@ if __name__ == "__main__":
     out = sys.argv[1] if len(sys.argv) > 1 else "."
     which = sys.argv[2] if len(sys.argv) > 2 else "both"
     if which in ("both", "step"):
-        step(out, sys.argv[3] if len(sys.argv) > 3 else "1,2,4")
+        step(out, sys.argv[3] if len(sys.argv) > 3 else "1,2,3,4,8")
     if which in ("both", "shapes"):
         per_shape(out)

@@ -43,7 +43,8 @@ from milestones.m13_quantization import epilogue_layers  # noqa: E402
 from milestones.m13_quantization.epilogue_layers import EpilogueQwen3Model  # noqa: E402
 from milestones.m13_quantization.fp8_kv_cache import FP8_DTYPE, FP8PagedKVCache, from_fp8, to_fp8  # noqa: E402
 from milestones.m13_quantization.launch_config import (CANDIDATES, LAUNCH_TABLE, QuantMatmulConfig,  # noqa: E402
-                                                       choose_launch, choose_split_k, regime, swap_ab_rows)
+                                                       DP4A_MIN_WORK, choose_launch, choose_split_k, regime,
+                                                       swap_ab_rows)
 from milestones.m13_quantization.dequant_matmul import quantized_matmul_reference  # noqa: E402
 from milestones.m13_quantization.epilogue_matmuls import quantized_add_rms_norm, quantized_silu_and_mul  # noqa: E402
 from milestones.m13_quantization.matmul_kernels import quantized_matmul  # noqa: E402
@@ -127,15 +128,19 @@ def test_quantized_linear_module_matches_its_dequantized_weight(out_features):
 
 
 def test_regimes_and_split_k_for_qwen3_8b_shapes():
-    assert [regime(m) for m in (1, 2, 3, 16, 17, 512, 513)] == ["gemv", "gemv", "small", "small", "large", "large",
-                                                                "prefill"]  # the tensor cores from 3 rows
-    assert choose_launch("int4", 4, 4096, 4096, 132)[0] == LAUNCH_TABLE["int4"]["small"]
-    words = LAUNCH_TABLE["int4"]["gemv"]
-    assert (words.unpack, words.num_warps, words.block_n, words.min_programs_per_sm) == ("subnormal", 1, 32, 3)
+    assert [regime(m, "int8") for m in (1, 2, 3, 16, 17, 512, 513)] == ["gemv", "gemv", "small", "small", "large",
+                                                                        "large", "prefill"]
+    assert [regime(m, "int4") for m in (1, 4, 5, 16, 17)] == ["gemv", "gemv", "small", "small", "large"]
+    assert choose_launch("int4", 5, 4096, 4096, 132)[0] == LAUNCH_TABLE["int4"]["small"]
+    dp4a = LAUNCH_TABLE["int4"]["gemv"]
+    assert (dp4a.unpack, dp4a.num_warps, dp4a.block_n, dp4a.min_programs_per_sm) == ("dp4a", 1, 32, 3)
+    words = replace(dp4a, unpack="subnormal")
     chosen = {}
     for n, k in ((6144, 4096), (4096, 4096), (24576, 4096), (4096, 12288), (151936, 4096)):
         config, split = choose_launch("int4", 1, n, k, 132)
-        assert config == words
+        # x's conversion to integers (a launch) pays from 2^25 rows x weights: at one row not on q/k/v or o
+        assert config == (dp4a if n * k >= DP4A_MIN_WORK else words)
+        assert choose_launch("int4", 2, n, k, 132)[0] == dp4a
         chosen[n, k] = split
     # 3 programs of 32 rows per SM: q/k/v (192 programs) in 3 slices of K, rounded up to 4 equal ones (16 steps);
     # o_proj and down_proj (128 programs) in 4
@@ -173,7 +178,7 @@ def test_launch_config_validation():
         QuantMatmulConfig("swap_ab", block_m=64, block_n=64, block_k=256)
     with pytest.raises(ValueError, match="kernel must be"):
         QuantMatmulConfig("cutlass")
-    with pytest.raises(ValueError, match="unpack must be one of convert, magic, subnormal, got 'bogus'"):
+    with pytest.raises(ValueError, match="unpack must be one of convert, magic, subnormal, dp4a, got 'bogus'"):
         QuantMatmulConfig(unpack="bogus")
 
 
@@ -201,6 +206,7 @@ KERNEL_CASES = [  # (configuration, rows of x): every kernel, every way of unpac
     (LAUNCH_TABLE["int4"]["large"], 37), (LAUNCH_TABLE["int4"]["large"], 70),
     (CANDIDATES["large"]["dequant + cuBLAS"], 9), (LAUNCH_TABLE["int4"]["gemv"], 4),
     (CANDIDATES["gemv"]["n16-k256-w4-s3 sum per step"], 6),  # 6: 4 + 2 rows
+    (CANDIDATES["gemv"]["n32-k256-w1-s3 subnormal"], 2),  # the table's gemv is dp4a (float32 x: subnormal)
 ]
 
 

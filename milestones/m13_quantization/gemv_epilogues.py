@@ -35,10 +35,6 @@ import torch
 import triton
 import triton.language as tl
 
-from .integer_dots import store_int16_rows
-from .quantize import GROUP_SIZE
-
-GROUP = tl.constexpr(GROUP_SIZE)
 SILU_AND_MUL = tl.constexpr(1)
 ADD_RMS_NORM = tl.constexpr(2)
 EPILOGUES = ("none", "silu_and_mul", "add_rms_norm")  # the kernel's numbering
@@ -78,9 +74,8 @@ def finish_row(total, r, lanes, ok, N, out_ptr, stride_om, res_ptr, stride_rm, s
 
 
 @triton.jit
-def norm_when_last(out_ptr, stride_om, res_ptr, stride_rm, norm_w_ptr, sq_ptr, count_ptr, N, eps, ints_ptr,
-                   stride_im, ROWS: tl.constexpr, NORM_N: tl.constexpr, NORM_WHOLE: tl.constexpr,
-                   BLOCKS_N: tl.constexpr, INTS: tl.constexpr):
+def norm_when_last(out_ptr, stride_om, res_ptr, stride_rm, norm_w_ptr, sq_ptr, count_ptr, N, eps,
+                   ROWS: tl.constexpr, NORM_N: tl.constexpr, NORM_WHOLE: tl.constexpr, BLOCKS_N: tl.constexpr):
     """``ADD_RMS_NORM``, after a finishing program has added its block into the residual: it counts itself done
     (``count_ptr``, zero between launches), and the last of the blocks to count normalises every row of x,
     from the blocks' sums of squares added in a fixed order, then sets the count back to zero.
@@ -88,11 +83,7 @@ def norm_when_last(out_ptr, stride_om, res_ptr, stride_rm, norm_w_ptr, sq_ptr, c
     The last program's work is one chain of latencies (the count, then its loads, then its stores), so its loads
     go out together: the norm weight before the count, each row's sums of squares (``BLOCKS_N``: the blocks,
     rounded up to a power of two) beside its values, ``NORM_N`` of them a load (N rounded up to a power of two,
-    or a slice of it where that would take too many registers: then ``NORM_WHOLE`` is false).
-
-    ``INTS`` (N whole groups of 128 in one load, the next GEMV on ``dp4a``): the normalised row is also written
-    as 16-bit integers (``integer_dots.py``: ``ints_ptr``, the next GEMV's x), from the values as stored, so the
-    next GEMV needs no conversion launch (vLLM fuses an RMSNorm with the quantization of its output likewise)."""
+    or a slice of it where that would take too many registers: then ``NORM_WHOLE`` is false)."""
     c = tl.arange(0, NORM_N)
     if NORM_WHOLE:  # N in one load: the weight goes out before the count
         w_whole = tl.load(norm_w_ptr + c, mask=c < N, other=0.0).to(tl.float32)
@@ -107,12 +98,7 @@ def norm_when_last(out_ptr, stride_om, res_ptr, stride_rm, norm_w_ptr, sq_ptr, c
             if NORM_WHOLE:
                 s = tl.load(res_ptr + r * stride_rm + c, mask=c < N, other=0.0, cache_modifier=".cg")
                 inv_rms = 1.0 / tl.sqrt(tl.sum(squares, axis=0) / N + eps)
-                normed = (s.to(tl.float32) * inv_rms * w_whole).to(dtype)
-                tl.store(out_ptr + r * stride_om + c, normed, mask=c < N)
-                if INTS:  # NORM_N == N, whole groups
-                    store_int16_rows(tl.reshape(normed.to(tl.float32), [NORM_N // GROUP, GROUP]),
-                                     ints_ptr + r * stride_im, 0, tl.arange(0, NORM_N // GROUP) >= 0, N,
-                                     NORM_N // GROUP, GROUP)
+                tl.store(out_ptr + r * stride_om + c, (s.to(tl.float32) * inv_rms * w_whole).to(dtype), mask=c < N)
             else:
                 inv_rms = 1.0 / tl.sqrt(tl.sum(squares, axis=0) / N + eps)
                 for c0 in range(0, N, NORM_N):
@@ -141,13 +127,11 @@ class _Epilogue:
     eps: float = 0.0
 
 
-def _norm_constants(epilogue: str, outputs: int, blocks: int, m: int, ints: bool) -> dict[str, int | bool]:
+def _norm_constants(epilogue: str, outputs: int, blocks: int, m: int) -> dict[str, int | bool]:
     """The norm epilogue's compile-time widths (``norm_when_last``); fixed for the other epilogues, so that a
-    launch without the norm compiles one kernel whatever its N. ``ints``: the next GEMV wants x as integers;
-    given where the row is one load of whole groups (``INTS``)."""
+    launch without the norm compiles one kernel whatever its N."""
     if epilogue != "add_rms_norm":
-        return {"NORM_N": 1, "NORM_WHOLE": True, "BLOCKS_N": 1, "INTS": False}
+        return {"NORM_N": 1, "NORM_WHOLE": True, "BLOCKS_N": 1}
     widest = NORM_MAX_N if m <= 2 else NORM_MAX_N // 4  # more rows: the loop's registers leave less room
     row = triton.next_power_of_2(outputs)
-    return {"NORM_N": min(row, widest), "NORM_WHOLE": row <= widest, "BLOCKS_N": triton.next_power_of_2(blocks),
-            "INTS": ints and row == outputs <= widest and outputs % GROUP_SIZE == 0}
+    return {"NORM_N": min(row, widest), "NORM_WHOLE": row <= widest, "BLOCKS_N": triton.next_power_of_2(blocks)}

@@ -65,28 +65,29 @@ def _dp4a(a, b, c, B_SIGNED: tl.constexpr, PTX: tl.constexpr):
 
 
 @triton.jit
-def _int4_group_dp4a(words, x_row_ptr, K, kg, group_ok, WORDS: tl.constexpr, PTX: tl.constexpr):
+def _int4_group_dp4a(words, x_row_ptr, K, kg, k_end, WORDS: tl.constexpr, PTX: tl.constexpr):
     """One row of x (``int16_x``'s form) times one 128-input group of W held as ``[BLOCK_N, WORDS]`` int32 words:
     ``(sum_j (u_j - 8) q_j`` per word as int32, ``s_x`` of the group). The group's ``-8 sum q`` rides in word 0's
-    first ``dp4a`` (its starting value), so it costs no instruction per row. ``group_ok`` None: no mask."""
+    first ``dp4a`` (its starting value), so it costs no instruction per row. ``k_end``: where this program's
+    slice of K ends (None: whole tiles, no mask)."""
     j = tl.arange(0, WORDS)
     hi_ptr = x_row_ptr + kg // 4 + j  # the words of inputs 4w .. 4w+3
     lo_ptr = hi_ptr + K // 4
-    stats = x_row_ptr + K // 2 + kg // 128
-    if group_ok is None:
+    stats = x_row_ptr + K // 2 + tl.minimum(kg, K - 128) // 128  # a group past K (masked off) reads the last
+    s_x = tl.load(stats).to(tl.float32, bitcast=True)
+    q_sum = tl.load(stats + K // 128)
+    if k_end is None:
         hi_a = tl.load(hi_ptr)
         hi_b = tl.load(hi_ptr + WORDS)  # inputs 64 + 4w ..
         lo_a = tl.load(lo_ptr)
         lo_b = tl.load(lo_ptr + WORDS)
-        s_x = tl.load(stats).to(tl.float32, bitcast=True)
-        q_sum = tl.load(stats + K // 128)
-    else:
-        hi_a = tl.load(hi_ptr, mask=group_ok, other=0)
-        hi_b = tl.load(hi_ptr + WORDS, mask=group_ok, other=0)
-        lo_a = tl.load(lo_ptr, mask=group_ok, other=0)
-        lo_b = tl.load(lo_ptr + WORDS, mask=group_ok, other=0)
-        s_x = tl.load(stats, mask=group_ok, other=0).to(tl.float32, bitcast=True)
-        q_sum = tl.load(stats + K // 128, mask=group_ok, other=0)
+    else:  # the group is in this slice of K or not at all: x's words 0 and no -8 sum q
+        ok = kg + 0 * j < k_end
+        hi_a = tl.load(hi_ptr, mask=ok, other=0)
+        hi_b = tl.load(hi_ptr + WORDS, mask=ok, other=0)
+        lo_a = tl.load(lo_ptr, mask=ok, other=0)
+        lo_b = tl.load(lo_ptr + WORDS, mask=ok, other=0)
+        q_sum = tl.where(kg < k_end, q_sum, 0)
     u_lo = words & 0x0F0F0F0F
     u_hi = (words >> 4) & 0x0F0F0F0F
     # dp4a's operands broadcast along W's rows (inline assembly takes tensors of one shape)
@@ -100,36 +101,30 @@ def _int4_group_dp4a(words, x_row_ptr, K, kg, group_ok, WORDS: tl.constexpr, PTX
     return high * 256 + low, s_x
 
 
+@device_kernel
 @triton.jit
-def store_int16_rows(x, out_ptr, first_group, groups_ok, K, GROUPS: tl.constexpr, GROUP: tl.constexpr):
-    """``x``: ``[GROUPS, GROUP]`` float32 values of one row, its groups ``first_group`` on -> their hi and lo bytes
-    (four to a word), ``s_x`` and ``sum q``, written into that row's words at ``out_ptr`` (``int16_x``'s form).
-    The ``int16_x`` kernel's body, and the norm epilogue's (``gemv_epilogues.py``) for the row it normalises."""
-    groups = first_group + tl.arange(0, GROUPS)
+def _int16_x_kernel(x_ptr, out_ptr, K, stride_xm, stride_om, GROUPS: tl.constexpr, GROUP: tl.constexpr):
+    """``GROUPS`` groups of one row of x -> their hi and lo bytes (packed four to a word), ``s_x`` and ``sum q``."""
+    row = tl.program_id(0)
+    groups = tl.program_id(1) * GROUPS + tl.arange(0, GROUPS)
+    group_ok = groups < K // GROUP
+    cols = groups[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
+    x = tl.load(x_ptr + row * stride_xm + cols, mask=group_ok[:, None], other=0.0).to(tl.float32)
     biggest = tl.max(tl.abs(x), axis=1)
     s_x = tl.where(biggest > 0, biggest / _X_INT_MAX, 1.0)
     q = _round(x / s_x[:, None])
     q = tl.minimum(tl.maximum(q, -_X_INT_MAX), _X_INT_MAX)
+    hi = (q >> 8) & 0xFF
+    lo = q & 0xFF
     shifts = (tl.arange(0, 4) * 8)[None, None, :]
-    hi_words = tl.sum(tl.reshape((q >> 8) & 0xFF, [GROUPS, GROUP // 4, 4]) << shifts, axis=2)
-    lo_words = tl.sum(tl.reshape(q & 0xFF, [GROUPS, GROUP // 4, 4]) << shifts, axis=2)
+    hi_words = tl.sum(tl.reshape(hi, [GROUPS, GROUP // 4, 4]) << shifts, axis=2)
+    lo_words = tl.sum(tl.reshape(lo, [GROUPS, GROUP // 4, 4]) << shifts, axis=2)
     words = groups[:, None] * (GROUP // 4) + tl.arange(0, GROUP // 4)[None, :]
-    tl.store(out_ptr + words, hi_words, mask=groups_ok[:, None])
-    tl.store(out_ptr + K // 4 + words, lo_words, mask=groups_ok[:, None])
-    tl.store(out_ptr + K // 2 + groups, s_x.to(tl.int32, bitcast=True), mask=groups_ok)
-    tl.store(out_ptr + K // 2 + K // GROUP + groups, tl.sum(q, axis=1), mask=groups_ok)
-
-
-@device_kernel
-@triton.jit
-def _int16_x_kernel(x_ptr, out_ptr, K, stride_xm, stride_om, GROUPS: tl.constexpr, GROUP: tl.constexpr):
-    """``GROUPS`` groups of one row of x -> ``store_int16_rows``."""
-    row = tl.program_id(0)
-    first = tl.program_id(1) * GROUPS
-    groups_ok = first + tl.arange(0, GROUPS) < K // GROUP
-    cols = (first + tl.arange(0, GROUPS))[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
-    x = tl.load(x_ptr + row * stride_xm + cols, mask=groups_ok[:, None], other=0.0).to(tl.float32)
-    store_int16_rows(x, out_ptr + row * stride_om, first, groups_ok, K, GROUPS, GROUP)
+    out = out_ptr + row * stride_om
+    tl.store(out + words, hi_words, mask=group_ok[:, None])
+    tl.store(out + K // 4 + words, lo_words, mask=group_ok[:, None])
+    tl.store(out + K // 2 + groups, s_x.to(tl.int32, bitcast=True), mask=group_ok)
+    tl.store(out + K // 2 + K // GROUP + groups, tl.sum(q, axis=1), mask=group_ok)
 
 
 @triton.jit
@@ -137,22 +132,6 @@ def _round(v):
     """Round to the nearest integer, halves away from zero (any fixed rule will do: x's step is 1/32767 of the
     group's largest input)."""
     return tl.where(v >= 0, v + 0.5, v - 0.5).to(tl.int32)
-
-
-def carry_int16(rows: torch.Tensor, ints: torch.Tensor) -> torch.Tensor:
-    """Hand ``rows`` on with ``ints``, their ``int16_x`` form written by the same kernel (the GEMV's norm epilogue),
-    so that the next dp4a GEMV need not convert them again. Kept on the tensor object with its version counter:
-    a view, or any in-place write to ``rows`` after this, and ``int16_of`` converts afresh."""
-    rows.int16_rows = (ints, rows._version)
-    return rows
-
-
-def int16_of(x: torch.Tensor) -> torch.Tensor:
-    """``x``'s ``int16_x`` form: the one it carries (``carry_int16``), else a conversion launched now."""
-    carried = getattr(x, "int16_rows", None)
-    if carried is not None and carried[1] == x._version:
-        return carried[0]
-    return int16_x(x)
 
 
 def int16_x(x: torch.Tensor) -> torch.Tensor:

@@ -33,11 +33,12 @@ favour, ready to paste below. No triton import here: the tests check this arithm
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 KERNELS = ("gemv", "dot", "swap_ab", "dequant")
 UNPACK_MODES = ("convert", "magic", "subnormal", "dp4a")  # gemv: nibbles to floats (QuantMatmulConfig)
-GEMV_MAX_M = 2  # rows of x up to which both methods run the gemv regime
+GEMV_MAX_M = {"int8": 2, "int4": 4}  # rows of x up to which each method runs the gemv regime
+DP4A_MIN_WORK = 1 << 25  # gemv on dp4a: rows x N x K from which x's conversion launch pays (else subnormal)
 SMALL_MAX_M = 16
 LARGE_MAX_M = 512
 MAX_SPLIT_K = 16
@@ -57,10 +58,12 @@ class QuantMatmulConfig:
     (loads of ``num_stages - 1`` later steps in flight while one is computed). ``group_m``: ``dot`` visits
     tiles in groups of this many row blocks so that a weight tile is reused from L2. ``unpack``: how ``gemv``
     turns int4 nibbles into floats: ``convert`` (int-to-float conversions, a quarter of an add's rate or less),
-    ``magic`` (the integer written into the mantissa of 2^23: an OR and a subtraction) or ``subnormal`` (the
+    ``magic`` (the integer written into the mantissa of 2^23: an OR and a subtraction), ``subnormal`` (the
     nibble's bits read as a float as they are, ``u * 2^-149``: no instruction at all; x is scaled up instead, and
-    the -8 comes off the sum once per pair of inputs). int8 uses ``magic`` for both of the last two. ``defer_sum``: ``gemv``
-    keeps a partial sum per element across the loop and reduces across K once at the end (fewer shuffles, more
+    the -8 comes off the sum once per pair of inputs) or ``dp4a`` (no floats: x converted to 16-bit integers by a
+    launch of its own, then four nibble-times-byte products an instruction, ``integer_dots.py``; a float32 x
+    keeps ``subnormal``, and ``choose_launch`` too below ``DP4A_MIN_WORK``). int8 uses ``magic`` for the last
+    three. ``defer_sum``: ``gemv`` keeps a partial sum per element across the loop and reduces across K once at the end (fewer shuffles, more
     registers: used only where it fits in 64 per thread) instead of a cross-thread reduction in every step.
     ``min_programs_per_sm``: ``gemv`` and ``swap_ab`` split K until the launch has at least this many programs
     per SM.
@@ -96,8 +99,8 @@ class QuantMatmulConfig:
                              f"group_m={self.group_m}")
 
 
-def regime(m: int) -> str:
-    if m <= GEMV_MAX_M:
+def regime(m: int, method: str) -> str:
+    if m <= GEMV_MAX_M[method]:
         return "gemv"
     return "small" if m <= SMALL_MAX_M else "large" if m <= LARGE_MAX_M else "prefill"
 
@@ -133,7 +136,7 @@ LAUNCH_TABLE: dict[str, dict[str, QuantMatmulConfig]] = {
     },
     "int4": {
         "gemv": QuantMatmulConfig("gemv", block_n=32, block_k=256, num_warps=1, num_stages=3,
-                                  min_programs_per_sm=3),
+                                  min_programs_per_sm=3, unpack="dp4a"),
         "small": SMALL,
         "large": SWAP_AB,
         "prefill": DEQUANT,
@@ -239,5 +242,7 @@ def choose_split_k(m: int, n: int, k: int, num_sms: int, config: QuantMatmulConf
 def choose_launch(method: str, m: int, n: int, k: int, num_sms: int,
                   table: dict[str, dict[str, QuantMatmulConfig]] = LAUNCH_TABLE) -> tuple[QuantMatmulConfig, int]:
     """``(config, split_k)`` of one launch: the table's entry for ``M``'s regime, and its slices of K."""
-    config = table[method][regime(m)]
+    config = table[method][regime(m, method)]
+    if config.unpack == "dp4a" and m * n * k < DP4A_MIN_WORK:  # too little to pay for converting x
+        config = replace(config, unpack="subnormal")
     return config, choose_split_k(m, n, k, num_sms, config)

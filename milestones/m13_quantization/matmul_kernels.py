@@ -43,6 +43,8 @@ m10's CUDA graphs. On CPU tensors the kernels run in Triton's interpreter (m08's
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 import triton
@@ -57,7 +59,7 @@ from .gemv_epilogues import (ADD_RMS_NORM, SILU_AND_MUL, _Epilogue, _norm_consta
 from .launch_config import UNPACK_MODES, QuantMatmulConfig, choose_launch, choose_split_k, fits_method
 from .quantize import GROUP_SIZE, QUANTIZATION_METHODS, TILE_ROWS
 from .swap_ab_matmul import swap_ab_matmul
-from .integer_dots import _int4_group_dp4a, carry_int16, int16_of, int16_x_words
+from .integer_dots import _int4_group_dp4a, int16_x
 from .weight_unpacking import (DP4A, MAGIC, SUBNORMAL, UNIT_DOWN, _int4_group_subnormal, _int4_products, _int4_rows,
                                _int8_to_float, _load_x, _unpack_int4)
 
@@ -100,13 +102,13 @@ def _add_slices(part_ptr, lanes, ok, num_slices, stride_part):
 @device_kernel
 @triton.jit
 def _quantized_gemv_kernel(
-    x_ptr, w_ptr, s_ptr, out_ptr, part_ptr, count_ptr, res_ptr, norm_w_ptr, sq_ptr, ints_ptr,
+    x_ptr, w_ptr, s_ptr, out_ptr, part_ptr, count_ptr, res_ptr, norm_w_ptr, sq_ptr,
     N, K, k_per_split, eps,
-    stride_xm, stride_wn, stride_sn, stride_sg, stride_om, stride_rm, stride_im,
+    stride_xm, stride_wn, stride_sn, stride_sg, stride_om, stride_rm,
     INT4: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP: tl.constexpr, UNPACK: tl.constexpr, SPLIT: tl.constexpr, EVEN: tl.constexpr, DEFER_SUM: tl.constexpr,
     NUM_STAGES: tl.constexpr, TILED: tl.constexpr, EPILOGUE: tl.constexpr, NORM_N: tl.constexpr,
-    NORM_WHOLE: tl.constexpr, BLOCKS_N: tl.constexpr, INTS: tl.constexpr, PTX: tl.constexpr,
+    NORM_WHOLE: tl.constexpr, BLOCKS_N: tl.constexpr, PTX: tl.constexpr,
 ):
     """One program: output rows [pid_n * BLOCK_N, +BLOCK_N) for the ``ROWS`` (1-4) rows of x, over its slice of K.
 
@@ -171,17 +173,17 @@ def _quantized_gemv_kernel(
                     scale = tl.load(s_ptr + cols * stride_sn + (tl.minimum(kg, K - GROUP) // GROUP) * stride_sg,
                                     mask=col_ok, other=0.0)
                 if WORDS and UNPACK == DP4A:  # x_ptr: int16_x's words (integer_dots.py)
-                    group_ok = None if EVEN else kg < k_end
-                    part, s_x = _int4_group_dp4a(b, x_ptr, K, kg, group_ok, WIDTH, PTX)
+                    group_end = None if EVEN else k_end
+                    part, s_x = _int4_group_dp4a(b, x_ptr, K, kg, group_end, WIDTH, PTX)
                     acc0 = _fold(acc0, part.to(tl.float32) * (scale * s_x)[:, None], DEFER_SUM)
                     if ROWS > 1:
-                        part, s_x = _int4_group_dp4a(b, x_ptr + stride_xm, K, kg, group_ok, WIDTH, PTX)
+                        part, s_x = _int4_group_dp4a(b, x_ptr + stride_xm, K, kg, group_end, WIDTH, PTX)
                         acc1 = _fold(acc1, part.to(tl.float32) * (scale * s_x)[:, None], DEFER_SUM)
                     if ROWS > 2:
-                        part, s_x = _int4_group_dp4a(b, x_ptr + 2 * stride_xm, K, kg, group_ok, WIDTH, PTX)
+                        part, s_x = _int4_group_dp4a(b, x_ptr + 2 * stride_xm, K, kg, group_end, WIDTH, PTX)
                         acc2 = _fold(acc2, part.to(tl.float32) * (scale * s_x)[:, None], DEFER_SUM)
                     if ROWS > 3:
-                        part, s_x = _int4_group_dp4a(b, x_ptr + 3 * stride_xm, K, kg, group_ok, WIDTH, PTX)
+                        part, s_x = _int4_group_dp4a(b, x_ptr + 3 * stride_xm, K, kg, group_end, WIDTH, PTX)
                         acc3 = _fold(acc3, part.to(tl.float32) * (scale * s_x)[:, None], DEFER_SUM)
                 elif WORDS:
                     x_group = x_ptr + kg
@@ -268,7 +270,7 @@ def _quantized_gemv_kernel(
             tl.atomic_xchg(count_ptr + pid_n, 0, sem="relaxed")  # ready for the next launch (or graph replay)
             if EPILOGUE == ADD_RMS_NORM:
                 norm_when_last(out_ptr, stride_om, res_ptr, stride_rm, norm_w_ptr, sq_ptr, count_ptr + blocks, N,
-                               eps, ints_ptr, stride_im, ROWS, NORM_N, NORM_WHOLE, BLOCKS_N, INTS)
+                               eps, ROWS, NORM_N, NORM_WHOLE, BLOCKS_N)
     else:
         finish_row(acc0, 0, lanes, col_ok, N, out_ptr, stride_om, res_ptr, stride_rm, sq_ptr, EPILOGUE, BLOCK_N)
         if ROWS > 1:
@@ -279,7 +281,7 @@ def _quantized_gemv_kernel(
             finish_row(acc3, 3, lanes, col_ok, N, out_ptr, stride_om, res_ptr, stride_rm, sq_ptr, EPILOGUE, BLOCK_N)
         if EPILOGUE == ADD_RMS_NORM:
             norm_when_last(out_ptr, stride_om, res_ptr, stride_rm, norm_w_ptr, sq_ptr, count_ptr + blocks, N, eps,
-                           ints_ptr, stride_im, ROWS, NORM_N, NORM_WHOLE, BLOCKS_N, INTS)
+                           ROWS, NORM_N, NORM_WHOLE, BLOCKS_N)
 
 
 @device_kernel
@@ -478,26 +480,26 @@ def _gemv(x, qweight, scales, m, n, k, int4, config, split_k, epilogue: _Epilogu
         residual, norm_weight = epilogue.residual, epilogue.norm_weight
         squares = torch.empty((m, blocks), dtype=torch.float32, device=x.device)
     even = outputs % per_block == 0 and k % config.block_k == 0 and k_per_split % config.block_k == 0
+    if config.unpack == "dp4a" and x.dtype == torch.float32:  # 16-bit x is finer than bf16's, not float32's
+        config = replace(config, unpack="subnormal")
     words = int4 and config.unpack in ("subnormal", "dp4a")
     if words:  # the kernel reads int4 as int32 words of 8 nibbles (rows of K // 2 bytes: whole words)
         qweight = qweight.view(torch.int32)
-    dp4a = int4 and config.unpack == "dp4a"
-    x_in = int16_of(x) if dp4a else x  # x as 16-bit integers (integer_dots.py)
-    norm = _norm_constants(epilogue.name, outputs, blocks, m, ints=dp4a)
-    ints = torch.empty((m, int16_x_words(outputs)), dtype=torch.int32, device=x.device) if norm["INTS"] else out
+    x_in = int16_x(x) if int4 and config.unpack == "dp4a" else x  # x as 16-bit integers (integer_dots.py)
     width = GROUP_SIZE // 8 if words else GROUP_SIZE // 2 if int4 else config.block_k  # elements a row load reads
     per_thread = m * config.block_n * width // (32 * config.num_warps)  # the deferred sums' registers
     _quantized_gemv_kernel[(blocks, split_k)](
-        x_in, qweight, scales, out, partial_sums, counters, residual, norm_weight, squares, ints, outputs, k,
-        k_per_split, epilogue.eps, x_in.stride(0), qweight.stride(0), scales.stride(0), scales.stride(-1),
-        out.stride(0), residual.stride(0), ints.stride(0),
+        x_in, qweight, scales, out, partial_sums, counters, residual, norm_weight, squares, outputs, k, k_per_split,
+        epilogue.eps, x_in.stride(0), qweight.stride(0), scales.stride(0), scales.stride(-1), out.stride(0),
+        residual.stride(0),
         INT4=int4, ROWS=m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP=GROUP_SIZE,
         UNPACK=UNPACK_MODES.index(config.unpack), SPLIT=split_k > 1, EVEN=even,
         DEFER_SUM=config.defer_sum and per_thread <= MAX_DEFERRED_PER_THREAD,
         NUM_STAGES=config.num_stages, TILED=qweight.dim() == 4, EPILOGUE=epilogue_index(epilogue.name),
-        **norm, PTX=not runs_interpreted(x.device), num_warps=config.num_warps,
+        **_norm_constants(epilogue.name, outputs, blocks, m), PTX=not runs_interpreted(x.device),
+        num_warps=config.num_warps,
     )
-    return carry_int16(out, ints) if norm["INTS"] else out
+    return out
 
 
 

@@ -206,8 +206,7 @@ class QuantizedLinear(nn.Module):
             from .matmul_kernels import quantized_matmul
 
             lead = x.shape[:-1]
-            rows = x if x.dim() == 2 else x.reshape(-1, self.in_features)  # the same object: what it carries too
-            out = quantized_matmul(rows, self.qweight, self.scales, self.method)
+            out = quantized_matmul(x.reshape(-1, self.in_features), self.qweight, self.scales, self.method)
             out = out.view(*lead, self.out_features)
             return out if self.bias is None else out + self.bias
         return F.linear(x, self.dequantized_weight(x.dtype), self.bias)

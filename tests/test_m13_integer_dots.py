@@ -1,0 +1,121 @@
+"""m13's ``dp4a`` GEMV: x as 16-bit integers per group of 128, int4 times them four products an instruction.
+
+On a CPU the Triton kernels run in the interpreter, where ``_dp4a`` is the same sum spelled out byte by byte
+(the PTX instruction runs only compiled: the CUDA test below, and ``tests/compile_m13_for_gpu.py``). The checks:
+``int16_x``'s integers and scales are what its torch reference says, to the bit; the GEMV gives the float
+reference's sums for the x those integers stand for (so the only change from bf16 x is x's rounding, which is
+measured too); float32 activations keep ``subnormal``; the launch rule.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from milestones.m13_quantization.epilogue_matmuls import quantized_add_rms_norm, quantized_silu_and_mul  # noqa: E402
+from milestones.m13_quantization.integer_dots import X_INT_MAX, int16_x, int16_x_reference  # noqa: E402
+from milestones.m13_quantization.launch_config import (CANDIDATES, DP4A_MIN_WORK, LAUNCH_TABLE,  # noqa: E402
+                                                       choose_launch)
+from milestones.m13_quantization.matmul_kernels import quantized_matmul  # noqa: E402
+from milestones.m13_quantization.quantize import (dequantize_int4, group_major, quantize_int4,  # noqa: E402
+                                                  tile_int4)
+
+CUDA = torch.cuda.is_available()
+DEVICE = torch.device("cuda" if CUDA else "cpu")
+DP4A = LAUNCH_TABLE["int4"]["gemv"]
+SUBNORMAL = CANDIDATES["gemv"]["n32-k256-w1-s3 subnormal"]
+
+
+def decoded(words: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``int16_x``'s words of each row -> (q ``[M, K]`` int32, s_x ``[M, K/128]``, sum q ``[M, K/128]``)."""
+    hi = words[:, :k // 4].contiguous().view(torch.int8).int()  # signed high bytes, little-endian order
+    lo = words[:, k // 4:k // 2].contiguous().view(torch.uint8).int()
+    stats = words[:, k // 2:]
+    return hi * 256 + lo, stats[:, :k // 128].contiguous().view(torch.float32), stats[:, k // 128:]
+
+
+def test_int16_x_writes_each_groups_integers_and_scale():
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 512, generator=gen) * 3
+    x[0, :128] = 0.0  # a group of zeros: scale 1, integers 0
+    x[1, 130] = 1e4  # one large input: the rest of its group keeps 1/32767 of it as a step
+    x[2, 256:384] = torch.linspace(-1, 1, 128)
+    q, s_x, q_sum = decoded(int16_x(x.to(DEVICE)).cpu(), 512)
+    assert s_x[0, 0] == 1.0 and q[0, :128].eq(0).all()
+    assert q.abs().max() <= X_INT_MAX and q.view(3, 4, 128).abs().amax(dim=2).eq(X_INT_MAX)[s_x != 1.0].all()
+    assert torch.equal(q_sum, q.view(3, 4, 128).sum(dim=2))
+    assert torch.equal((q.view(3, 4, 128) * s_x[:, :, None]).view(3, 512), int16_x_reference(x))
+    # finer than bf16 for every input within 1/128 of its group's largest
+    big = x.abs() >= x.view(3, 4, 128).abs().amax(dim=2, keepdim=True).repeat_interleave(128, dim=2).view(3, 512) / 128
+    rel = ((int16_x_reference(x) - x).abs() / x.abs().clamp(min=1e-30))[big]
+    assert rel.max() < 2 ** -9
+
+
+@pytest.mark.parametrize("n, k, m, split_k", [(64, 256, 1, None), (40, 384, 2, 3), (96, 512, 4, 2), (32, 256, 3, 1)],
+                         ids=["whole", "tails-3-slices", "4-rows", "3-rows"])
+@pytest.mark.parametrize("tiled", [True, False], ids=["tiles", "rows"])
+def test_dp4a_gemv_sums_what_the_integers_stand_for(n, k, m, split_k, tiled):
+    """Against the float reference on the x that ``int16_x`` stands for, and against subnormal on the bf16 x
+    itself: within the output's rounding to bf16 (a step of 2^-8 of the largest output, or less)."""
+    gen = torch.Generator().manual_seed(n + k + m)
+    packed, scales = quantize_int4(torch.randn(n, k, generator=gen) * 0.05)
+    x = torch.randn(m, k, generator=gen).to(torch.bfloat16)
+    weight = dequantize_int4(packed, scales)
+    if tiled and n % 16 == 0:
+        packed, scales = tile_int4(packed), group_major(scales)
+    packed, scales = packed.to(DEVICE), scales.to(DEVICE)
+    out = quantized_matmul(x.to(DEVICE), packed, scales, "int4", config=DP4A, split_k=split_k).float().cpu()
+    expected = int16_x_reference(x) @ weight.t()
+    assert ((out - expected).abs().max() / expected.abs().max()) < 2 ** -7
+    plain = quantized_matmul(x.to(DEVICE), packed, scales, "int4", config=SUBNORMAL, split_k=split_k).float().cpu()
+    assert ((out - plain).abs().max() / plain.abs().max()) < 2 ** -7
+
+
+def test_dp4a_epilogues_match_subnormals():
+    gen = torch.Generator().manual_seed(3)
+    n, k = 64, 256
+    packed, scales = quantize_int4(torch.randn(2 * n, k, generator=gen) * 0.05)
+    packed, scales = tile_int4(packed).to(DEVICE), group_major(scales).to(DEVICE)
+    x = torch.randn(1, k, generator=gen).to(torch.bfloat16).to(DEVICE)
+    silu = [quantized_silu_and_mul(x, packed, scales, "int4", config=c).float() for c in (DP4A, SUBNORMAL)]
+    assert ((silu[0] - silu[1]).abs().max() / silu[1].abs().max()) < 2 ** -7
+    residual = torch.randn(1, 2 * n, generator=gen).to(torch.bfloat16).to(DEVICE)
+    norm_weight = torch.rand(2 * n, generator=gen).to(torch.bfloat16).to(DEVICE)
+    normed = []
+    for config in (DP4A, SUBNORMAL):
+        streams = residual.clone()
+        normed.append(quantized_add_rms_norm(x, packed, scales, "int4", streams, norm_weight, 1e-6, config=config,
+                                             split_k=2).float())
+    assert ((normed[0] - normed[1]).abs().max() / normed[1].abs().max()) < 2 ** -6
+
+
+def test_float32_activations_keep_subnormal():
+    """16-bit integers are finer than bf16's 8 bits of x, not float32's 24: a float32 x keeps float products."""
+    gen = torch.Generator().manual_seed(5)
+    packed, scales = quantize_int4(torch.randn(32, 256, generator=gen) * 0.05)
+    x = torch.randn(1, 256, generator=gen).to(DEVICE)
+    packed, scales = packed.to(DEVICE), scales.to(DEVICE)
+    assert torch.equal(quantized_matmul(x, packed, scales, "int4", config=DP4A),
+                       quantized_matmul(x, packed, scales, "int4", config=SUBNORMAL))
+
+
+def test_dp4a_runs_where_the_conversion_pays():
+    """x's conversion is a launch of its own (about 1.4 µs on the H200): from 2^25 rows x weights on."""
+    for m, n, k in ((1, 4096, 4096), (1, 6144, 4096), (1, 4096, 12288), (2, 4096, 4096), (4, 151936, 4096)):
+        unpack = choose_launch("int4", m, n, k, 132)[0].unpack
+        assert unpack == ("dp4a" if m * n * k >= DP4A_MIN_WORK else "subnormal")
+    assert choose_launch("int8", 1, 151936, 4096, 132)[0].unpack != "dp4a"
+
+
+@pytest.mark.skipif(not CUDA, reason="needs CUDA (dp4a compiled, at Qwen3-8B's shapes)")
+@pytest.mark.parametrize("m", [1, 2, 4])
+@pytest.mark.parametrize("n, k", [(6144, 4096), (4096, 12288), (24576, 4096)])
+def test_dp4a_on_cuda_at_qwen3_8b_shapes(n, k, m):
+    gen = torch.Generator().manual_seed(m)
+    packed, scales = quantize_int4(torch.randn(n, k, generator=gen) * 0.05)
+    x = torch.randn(m, k, generator=gen).to(torch.bfloat16)
+    expected = int16_x_reference(x).cuda() @ dequantize_int4(packed, scales).cuda().t()
+    out = quantized_matmul(x.cuda(), tile_int4(packed).cuda(), group_major(scales).cuda(), "int4", config=DP4A)
+    assert ((out.float() - expected).abs().max() / expected.abs().max()) < 2 ** -8
