@@ -4,7 +4,7 @@ On a CPU the Triton kernels run in the interpreter, where ``_dp4a`` is the same 
 (the PTX instruction runs only compiled: the CUDA test below, and ``tests/compile_m13_for_gpu.py``). The checks:
 ``int16_x``'s integers and scales are what its torch reference says, to the bit; the GEMV gives the float
 reference's sums for the x those integers stand for (so the only change from bf16 x is x's rounding, which is
-measured too); float32 activations keep ``subnormal``; the launch rule.
+measured too); float32 activations keep ``subnormal``; the launch table's rows.
 """
 
 from __future__ import annotations
@@ -16,8 +16,7 @@ pytest.importorskip("triton")
 
 from milestones.m13_quantization.epilogue_matmuls import quantized_add_rms_norm, quantized_silu_and_mul  # noqa: E402
 from milestones.m13_quantization.integer_dots import X_INT_MAX, int16_x, int16_x_reference  # noqa: E402
-from milestones.m13_quantization.launch_config import (CANDIDATES, DP4A_MIN_WORK, LAUNCH_TABLE,  # noqa: E402
-                                                       choose_launch)
+from milestones.m13_quantization.launch_config import CANDIDATES, LAUNCH_TABLE, choose_launch  # noqa: E402
 from milestones.m13_quantization.matmul_kernels import quantized_matmul  # noqa: E402
 from milestones.m13_quantization.quantize import (dequantize_int4, group_major, quantize_int4,  # noqa: E402
                                                   tile_int4)
@@ -101,11 +100,10 @@ def test_float32_activations_keep_subnormal():
                        quantized_matmul(x, packed, scales, "int4", config=SUBNORMAL))
 
 
-def test_dp4a_runs_where_the_conversion_pays():
-    """x's conversion is a launch of its own (about 1.4 µs on the H200): from 2^25 rows x weights on."""
-    for m, n, k in ((1, 4096, 4096), (1, 6144, 4096), (1, 4096, 12288), (2, 4096, 4096), (4, 151936, 4096)):
-        unpack = choose_launch("int4", m, n, k, 132)[0].unpack
-        assert unpack == ("dp4a" if m * n * k >= DP4A_MIN_WORK else "subnormal")
+def test_int4_runs_dp4a_to_4_rows():
+    for m in (1, 2, 4):
+        assert choose_launch("int4", m, 4096, 4096, 132)[0] == DP4A
+    assert choose_launch("int4", 5, 4096, 4096, 132)[0] == LAUNCH_TABLE["int4"]["small"]
     assert choose_launch("int8", 1, 151936, 4096, 132)[0].unpack != "dp4a"
 
 

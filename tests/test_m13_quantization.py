@@ -43,8 +43,7 @@ from milestones.m13_quantization import epilogue_layers  # noqa: E402
 from milestones.m13_quantization.epilogue_layers import EpilogueQwen3Model  # noqa: E402
 from milestones.m13_quantization.fp8_kv_cache import FP8_DTYPE, FP8PagedKVCache, from_fp8, to_fp8  # noqa: E402
 from milestones.m13_quantization.launch_config import (CANDIDATES, LAUNCH_TABLE, QuantMatmulConfig,  # noqa: E402
-                                                       DP4A_MIN_WORK, choose_launch, choose_split_k, regime,
-                                                       swap_ab_rows)
+                                                       choose_launch, choose_split_k, regime, swap_ab_rows)
 from milestones.m13_quantization.dequant_matmul import quantized_matmul_reference  # noqa: E402
 from milestones.m13_quantization.epilogue_matmuls import quantized_add_rms_norm, quantized_silu_and_mul  # noqa: E402
 from milestones.m13_quantization.matmul_kernels import quantized_matmul  # noqa: E402
@@ -134,19 +133,16 @@ def test_regimes_and_split_k_for_qwen3_8b_shapes():
     assert choose_launch("int4", 5, 4096, 4096, 132)[0] == LAUNCH_TABLE["int4"]["small"]
     dp4a = LAUNCH_TABLE["int4"]["gemv"]
     assert (dp4a.unpack, dp4a.num_warps, dp4a.block_n, dp4a.min_programs_per_sm) == ("dp4a", 1, 32, 3)
-    words = replace(dp4a, unpack="subnormal")
     chosen = {}
     for n, k in ((6144, 4096), (4096, 4096), (24576, 4096), (4096, 12288), (151936, 4096)):
         config, split = choose_launch("int4", 1, n, k, 132)
-        # x's conversion to integers (a launch) pays from 2^25 rows x weights: at one row not on q/k/v or o
-        assert config == (dp4a if n * k >= DP4A_MIN_WORK else words)
-        assert choose_launch("int4", 2, n, k, 132)[0] == dp4a
+        assert config == dp4a and choose_launch("int4", 4, n, k, 132)[0] == dp4a
         chosen[n, k] = split
     # 3 programs of 32 rows per SM: q/k/v (192 programs) in 3 slices of K, rounded up to 4 equal ones (16 steps);
     # o_proj and down_proj (128 programs) in 4
     assert chosen == {(6144, 4096): 4, (4096, 4096): 4, (24576, 4096): 1, (4096, 12288): 4, (151936, 4096): 1}
     assert choose_launch("int4", 1, 1024, 2048, 132)[1] == 8  # Qwen3-0.6B's o_proj: 32 programs, K in 8 slices
-    words = replace(words, min_programs_per_sm=1)
+    words = replace(dp4a, min_programs_per_sm=1)
     assert choose_split_k(1, 512, 8192, 132, words) == 16  # 16 programs: 9 slices wanted, 16 divide 32 steps
     assert choose_split_k(1, 256, 8192, 132, words) == 16  # 8 programs: K cut in 16 (the most)
     assert choose_split_k(1, 256, 1024, 132, words) == 4  # ...but never into slices shorter than block_k

@@ -33,12 +33,11 @@ favour, ready to paste below. No triton import here: the tests check this arithm
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 KERNELS = ("gemv", "dot", "swap_ab", "dequant")
 UNPACK_MODES = ("convert", "magic", "subnormal", "dp4a")  # gemv: nibbles to floats (QuantMatmulConfig)
 GEMV_MAX_M = {"int8": 2, "int4": 4}  # rows of x up to which each method runs the gemv regime
-DP4A_MIN_WORK = 1 << 25  # gemv on dp4a: rows x N x K from which x's conversion launch pays (else subnormal)
 SMALL_MAX_M = 16
 LARGE_MAX_M = 512
 MAX_SPLIT_K = 16
@@ -62,8 +61,7 @@ class QuantMatmulConfig:
     nibble's bits read as a float as they are, ``u * 2^-149``: no instruction at all; x is scaled up instead, and
     the -8 comes off the sum once per pair of inputs) or ``dp4a`` (no floats: x converted to 16-bit integers by a
     launch of its own, then four nibble-times-byte products an instruction, ``integer_dots.py``; a float32 x
-    keeps ``subnormal``, and ``choose_launch`` too below ``DP4A_MIN_WORK``). int8 uses ``magic`` for the last
-    three. ``defer_sum``: ``gemv`` keeps a partial sum per element across the loop and reduces across K once at the end (fewer shuffles, more
+    keeps ``subnormal``). int8 uses ``magic`` for the last three. ``defer_sum``: ``gemv`` keeps a partial sum per element across the loop and reduces across K once at the end (fewer shuffles, more
     registers: used only where it fits in 64 per thread) instead of a cross-thread reduction in every step.
     ``min_programs_per_sm``: ``gemv`` and ``swap_ab`` split K until the launch has at least this many programs
     per SM.
@@ -243,6 +241,4 @@ def choose_launch(method: str, m: int, n: int, k: int, num_sms: int,
                   table: dict[str, dict[str, QuantMatmulConfig]] = LAUNCH_TABLE) -> tuple[QuantMatmulConfig, int]:
     """``(config, split_k)`` of one launch: the table's entry for ``M``'s regime, and its slices of K."""
     config = table[method][regime(m, method)]
-    if config.unpack == "dp4a" and m * n * k < DP4A_MIN_WORK:  # too little to pay for converting x
-        config = replace(config, unpack="subnormal")
     return config, choose_split_k(m, n, k, num_sms, config)
