@@ -111,8 +111,9 @@ def _int16_x_kernel(x_ptr, out_ptr, K, stride_xm, stride_om, GROUPS: tl.constexp
     cols = groups[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
     x = tl.load(x_ptr + row * stride_xm + cols, mask=group_ok[:, None], other=0.0).to(tl.float32)
     biggest = tl.max(tl.abs(x), axis=1)
-    s_x = tl.where(biggest > 0, biggest / _X_INT_MAX, 1.0)
-    q = _round(x / s_x[:, None])
+    # IEEE divisions (a compiled "/" is an approximate one): the integers are int16_x_reference's to the bit
+    s_x = tl.where(biggest > 0, tl.math.div_rn(biggest, tl.full(biggest.shape, _X_INT_MAX, tl.float32)), 1.0)
+    q = _round(tl.math.div_rn(x, tl.broadcast_to(s_x[:, None], x.shape)))
     q = tl.minimum(tl.maximum(q, -_X_INT_MAX), _X_INT_MAX)
     hi = (q >> 8) & 0xFF
     lo = q & 0xFF
