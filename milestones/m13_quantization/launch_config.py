@@ -3,16 +3,18 @@
 ``out[M, N] = x[M, K] @ W[N, K]^T`` with ``W`` quantized. Four regimes, decided from ``M`` alone (a Python int,
 so a captured CUDA graph always replays the launch it recorded):
 
-    gemv    M <= GEMV_MAX_M (decode at batch 1-2)   every weight byte is used by only M rows: pure streaming.
+    gemv    M <= GEMV_MAX_M (int8 1-2, int4 1-4)   every weight byte is used by only M rows: pure streaming.
             One program per BLOCK_N output rows (and per slice of K when N alone gives too few programs):
             unpack in registers, multiply-add on the CUDA cores, no tensor cores (a 16-row tl.dot would spend
-            16x the multiplies on padding).
+            16x the multiplies on padding). int4 multiplies on the integer units (``dp4a``, x converted to 16-bit
+            integers first): a Qwen3-8B step 1.95x bf16 at one row (1.90x before), 1.68x at 2 (1.42x), 1.23x at 4,
+            where the tensor-core tile below gave 1.14x (results/h200/m13_step_times+dp4a-ab.json).
     small   M <= SMALL_MAX_M (decode at batch 3-16)  a tile of M rows (padded to 16) on the tensor cores: the
             weight tile is unpacked to bf16 in registers and fed to ``tl.dot``, once for all rows, where the GEMV
             unpacks and multiplies each weight once per row on the CUDA cores. On the H200 a Qwen3-8B step at
             4 rows takes 4.42 ms in int4 and 4.69 in int8 this way, 5.56 on int8's GEMV, bf16 4.96; at 2 rows
-            the GEMV wins (results/h200/m13_step_times+regimes-ab.json, +int8-small-batches.json), so both
-            methods leave it after 2. Past 16 rows it loads and unpacks W once per 16 rows of x.
+            the GEMV wins (results/h200/m13_step_times+regimes-ab.json, +int8-small-batches.json), so int8
+            leaves it after 2 (int4, on dp4a, after 4). Past 16 rows it loads and unpacks W once per 16 rows of x.
     large   M <= LARGE_MAX_M (decode at batch 17-512)  ``swap_ab`` (``swap_ab_matmul.py``): the tensor cores
             with W's unpacked tile as their register operand and x's rows as the other (``out^T = W x^T``), K
             in slices where N gives too few programs; each weight byte read once for up to 128 rows. At 32 rows
@@ -61,8 +63,9 @@ class QuantMatmulConfig:
     nibble's bits read as a float as they are, ``u * 2^-149``: no instruction at all; x is scaled up instead, and
     the -8 comes off the sum once per pair of inputs) or ``dp4a`` (no floats: x converted to 16-bit integers by a
     launch of its own, then four nibble-times-byte products an instruction, ``integer_dots.py``; a float32 x
-    keeps ``subnormal``). int8 uses ``magic`` for the last three. ``defer_sum``: ``gemv`` keeps a partial sum per element across the loop and reduces across K once at the end (fewer shuffles, more
-    registers: used only where it fits in 64 per thread) instead of a cross-thread reduction in every step.
+    keeps ``subnormal``). int8 uses ``magic`` for the last three. ``defer_sum``: ``gemv`` keeps a partial sum
+    per element across the loop and reduces across K once at the end (fewer shuffles, more registers: used only
+    where it fits in 64 per thread) instead of a cross-thread reduction in every step.
     ``min_programs_per_sm``: ``gemv`` and ``swap_ab`` split K until the launch has at least this many programs
     per SM.
     """

@@ -5,7 +5,7 @@ per row, or as int4 nibbles with a scale per row and 128-input group, stored in 
 kernel reads every weight byte once from memory, turns it into a float in registers and multiplies it there:
 the bytes read per step shrink 2x (int8) or ~3.8x (int4) against bf16, the arithmetic does not.
 
-**gemv** (decode at batch 1-2, ``_quantized_gemv_kernel``): one program per ``BLOCK_N`` output
+**gemv** (decode at batch 1-2, int4 1-4, ``_quantized_gemv_kernel``): one program per ``BLOCK_N`` output
 rows (and per slice of K if N alone gives too few programs: split-K, the slices' sums added by whichever
 program finishes last, in slice order). Each
 loop step loads a ``[BLOCK_N, BLOCK_K]`` tile of weight bytes (int4: one ``[BLOCK_N, 64]`` tile per 128-input group;
@@ -18,8 +18,9 @@ loads in flight meanwhile (``tl.range``'s pipelining)::
            acc[m, n] += scale[n, g] * (sum_j x[m, 128g + j] * lo[n, j] + x[m, 128g + 64 + j] * hi[n, j])
 
 How the bytes become floats inside these kernels, int4 read from packed rows or from tiles, and the three ways to
-unpack a nibble (``convert``, ``magic``, and ``subnormal``: no conversion at all, the GEMV's int4 default) are
-``weight_unpacking.py``'s lesson.
+unpack a nibble (``convert``, ``magic``, and ``subnormal``: no conversion at all) are ``weight_unpacking.py``'s
+lesson; the table's int4 GEMV makes no floats (``unpack="dp4a"``: x as 16-bit integers, four products an
+instruction, ``integer_dots.py``; a float32 x keeps ``subnormal``).
 
 **dot** (batch 3-16 in ``LAUNCH_TABLE``, ``_quantized_dot_kernel``): the classic tiled matmul
 (``BLOCK_M`` rows of x by ``BLOCK_N`` rows of W, grouped so that tiles reuse W from L2), whose W tile is unpacked to

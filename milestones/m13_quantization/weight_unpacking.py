@@ -32,7 +32,8 @@ nibble ``u`` into a float, ``QuantMatmulConfig.unpack``:
                thread also widened two inputs per byte it read.
 
 int8 keeps ``magic`` (``u = q ^ 0x80`` is ``q + 128``): its GEMV reads twice the bytes per weight, and reached
-its target without more.
+its target without more. A fourth way makes no floats at all: x turned into integers, and four nibble-times-byte
+products an instruction (``dp4a``, ``integer_dots.py``): int4's GEMV in the launch table.
 
 The GEMV's whole loop on words (loads and addresses included) issues 7-9.5 instructions a byte, and it is not
 waiting on them: on the H200 a variant with 25-35% fewer streamed no faster, while tiles cut its long matmuls' time
