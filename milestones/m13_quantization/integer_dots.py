@@ -1,7 +1,7 @@
 """int4 times x on the integer units: four products an instruction (the GEMV's ``unpack="dp4a"``).
 
 The ``subnormal`` GEMV spends about two instructions a weight (a mask, a float multiply-add, a share of x's
-scaling), and at one row of x the long int4 matmuls issue in 70-80% of the H200's cycles: its instructions, not
+scaling), and at one row of x the long int4 matmuls issue in 68-81% of the H200's cycles: its instructions, not
 its bytes, are what they wait for (``docs/m13-quantization.md``, "What the profiler says"). A GPU has an
 instruction that does four products at once, on integers: ``dp4a`` adds the dot product of two words' four
 bytes to a 32-bit integer. Its operands must be bytes, so x is turned into integers first:
@@ -16,6 +16,10 @@ Three bit operations and four ``dp4a`` a word of eight weights, where ``subnorma
 about nine bit operations; each group's integer sum is converted once per word and scaled by ``s_x[g]`` times W's
 scale. The integers are exact; what changes is x: 16 bits against its group's largest input, finer than bf16's 8
 for every input within 1/128 of that largest (smaller ones count for less than their rounding would).
+
+On the H200 each batch-1 matmul of Qwen3-8B took 11-17% less time with x already in integers; the conversion,
+a launch of 1.4 µs, takes most of that back at one row (the step 1.95x bf16 against 1.90x), not at two (1.68x
+against 1.42x): ``docs/m13-quantization.md``, "A ninth guess".
 
 ``int16_x`` writes each row of x in that form once per matmul (a small kernel of its own), as int32 words::
 
