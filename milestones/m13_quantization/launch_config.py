@@ -108,7 +108,8 @@ def regime(m: int, method: str) -> str:
 
 # One configuration per method and regime. gemv: measured on the H200 at Qwen3-8B's five shapes, batch 1. int8
 # (quant_bench --gemv-grid at 0c790fd, results/h200/quant_bench+gemv-grid.json): 8 rows x 512 inputs a step, 2 warps,
-# 4 stages deep. int4 on tiles: the words kernel with one warp of 32 rows, 3 stages deep
+# 4 stages deep. int4 on tiles: the words kernel (on dp4a since results/h200/m13_step_times+dp4a-ab.json) with one
+# warp of 32 rows, 3 stages deep
 # (results/h200/int4_tiles_grid.json), and K cut into slices where N gives fewer than 3 such programs per SM
 # (results/h200/int4_split_finish.json, rows per program x slices at each shape: q/k/v 9.2 us in 32 rows x 4
 # slices against 10.7 in 384 programs of 16 rows, o_proj 7.1 in 32 x 4 against 8.5 in 512 of 8, down_proj 12.8 in
