@@ -41,7 +41,7 @@ QWEN3_8B_K = 4096
 
 def matmul_jobs(candidates: bool, quick: bool = False):
     """(name, call) for every quantized matmul variant."""
-    from milestones.m13_quantization import epilogue_matmuls, matmul_kernels
+    from milestones.m13_quantization import epilogue_matmuls, integer_norm, matmul_kernels
     from milestones.m13_quantization.launch_config import CANDIDATES, LAUNCH_TABLE, fits_method
     from milestones.m13_quantization.quantize import tile_int4
 
@@ -84,6 +84,10 @@ def matmul_jobs(candidates: bool, quick: bool = False):
                             (tile_int4(torch.zeros(hidden, k // 2, dtype=torch.uint8)), torch.ones(hidden, k // 128))
                         epilogue_matmuls.quantized_add_rms_norm(x, w, s, method, torch.zeros(m, hidden, dtype=dtype),
                                                                 torch.ones(hidden, dtype=dtype), 1e-6, config=config)
+                        if method == "int4":  # the norm that writes the next GEMV's x as integers too
+                            integer_norm.add_rms_norm_int16(torch.zeros(m, hidden, dtype=dtype),
+                                                            torch.zeros(m, hidden, dtype=dtype),
+                                                            torch.ones(hidden, dtype=dtype), 1e-6)
                 jobs.append((f"matmul {method} {label} M={m} {str(dtype)[6:]}", job))
     return jobs
 
@@ -155,12 +159,13 @@ def main(argv: list[str] | None = None) -> int:
     from triton.runtime.driver import driver
 
     from milestones.m08_triton_kernel import paged_decode_kernel, store_kv_kernel
-    from milestones.m13_quantization import dequant_matmul, integer_dots, matmul_kernels, swap_ab_matmul
+    from milestones.m13_quantization import (dequant_matmul, integer_dots, integer_norm, matmul_kernels,
+                                             swap_ab_matmul)
 
     driver.set_active(TargetOnlyDriver(GPUTarget("cuda", args.arch, 32)))
     compiled: list = []
     for module, names in ((matmul_kernels, ("_quantized_gemv_kernel", "_quantized_dot_kernel")),
-                          (integer_dots, ("_int16_x_kernel",)),
+                          (integer_dots, ("_int16_x_kernel",)), (integer_norm, ("_add_rms_norm_int16_kernel",)),
                           (dequant_matmul, ("_dequantize_kernel",)), (swap_ab_matmul, ("_swap_ab_kernel",)),
                           (paged_decode_kernel, ("_paged_decode_kernel", "_combine_splits_kernel")),
                           (store_kv_kernel, ("_store_kv_kernel",))):

@@ -4,7 +4,8 @@ On a CPU the Triton kernels run in the interpreter, where ``_dp4a`` is the same 
 (the PTX instruction runs only compiled: the CUDA test below, and ``tests/compile_m13_for_gpu.py``). The checks:
 ``int16_x``'s integers and scales are what its torch reference says, to the bit; the GEMV gives the float
 reference's sums for the x those integers stand for (so the only change from bf16 x is x's rounding, which is
-measured too); float32 activations keep ``subnormal``; the launch table's rows.
+measured too); float32 activations keep ``subnormal``; the launch table's rows; the add + norm that writes its
+output as those integers too (``integer_norm.py``), and the decoder that hands them to the next GEMV.
 """
 
 from __future__ import annotations
@@ -14,8 +15,11 @@ import torch
 
 pytest.importorskip("triton")
 
+from milestones.m12_async_scheduling.fused_kernels import add_rms_norm  # noqa: E402
+from milestones.m13_quantization import epilogue_layers, matmul_kernels  # noqa: E402
 from milestones.m13_quantization.epilogue_matmuls import quantized_add_rms_norm, quantized_silu_and_mul  # noqa: E402
 from milestones.m13_quantization.integer_dots import X_INT_MAX, int16_x, int16_x_reference  # noqa: E402
+from milestones.m13_quantization.integer_norm import IntegerRows, add_rms_norm_int16  # noqa: E402
 from milestones.m13_quantization.launch_config import CANDIDATES, LAUNCH_TABLE, choose_launch  # noqa: E402
 from milestones.m13_quantization.matmul_kernels import quantized_matmul  # noqa: E402
 from milestones.m13_quantization.quantize import (dequantize_int4, group_major, quantize_int4,  # noqa: E402
@@ -105,6 +109,69 @@ def test_int4_runs_dp4a_to_4_rows():
         assert choose_launch("int4", m, 4096, 4096, 132)[0] == DP4A
     assert choose_launch("int4", 5, 4096, 4096, 132)[0] == LAUNCH_TABLE["int4"]["small"]
     assert choose_launch("int8", 1, 151936, 4096, 132)[0].unpack != "dp4a"
+
+
+@pytest.mark.parametrize("rows, d", [(1, 256), (3, 384), (1, 4096)], ids=["1x256", "3x384", "1x4096"])
+def test_add_rms_norm_int16_is_m12s_norm_then_int16_x(rows, d):
+    """The same residual and output as m12's kernel, and the words ``int16_x`` writes of that output, to the
+    bit (384: three groups, the row padded to 512 inside the kernel)."""
+    gen = torch.Generator().manual_seed(rows + d)
+    x, residual = (torch.randn(rows, d, generator=gen).to(torch.bfloat16).to(DEVICE) for _ in range(2))
+    weight = torch.rand(d, generator=gen).to(torch.bfloat16).to(DEVICE)
+    streams = residual.clone()
+    expected = add_rms_norm(x, streams, weight, 1e-6)
+    got = add_rms_norm_int16(x, residual, weight, 1e-6)
+    assert torch.equal(residual, streams) and torch.equal(got.x, expected)
+    assert torch.equal(got.words, int16_x(expected))
+    with pytest.raises(ValueError, match="multiple of 128"):
+        add_rms_norm_int16(x[:, :200].contiguous(), residual[:, :200].contiguous(), weight[:200], 1e-6)
+
+
+def test_a_gemv_given_xs_words_multiplies_them_instead_of_converting():
+    gen = torch.Generator().manual_seed(7)
+    packed, scales = quantize_int4(torch.randn(128, 256, generator=gen) * 0.05)
+    packed, scales = tile_int4(packed).to(DEVICE), group_major(scales).to(DEVICE)
+    x = torch.randn(2, 256, generator=gen).to(torch.bfloat16).to(DEVICE)
+    other = torch.randn(2, 256, generator=gen).to(torch.bfloat16).to(DEVICE)
+    for matmul in (quantized_matmul, quantized_silu_and_mul):
+        plain = matmul(x, packed, scales, "int4")
+        assert torch.equal(matmul(x, packed, scales, "int4", x_words=int16_x(x)), plain)
+        # the words are what it multiplies: another x's words give that x's result
+        assert torch.equal(matmul(x, packed, scales, "int4", x_words=int16_x(other)),
+                           matmul(other, packed, scales, "int4"))
+    with pytest.raises(ValueError, match="x_words must be int16_x's form"):
+        quantized_matmul(x, packed, scales, "int4", x_words=int16_x(x)[:, :-1])
+
+
+def test_norms_before_dp4a_gemvs_hand_them_their_integers(monkeypatch):
+    """m13's decode graphs' decoder at one row of bf16, int4 on the Triton kernels: with each norm before q/k/v
+    and gate_up writing their x as integers, the conversions per step drop from four a layer to two (o_proj's
+    and down_proj's x), and the output is the same to the bit as converting before every GEMV."""
+    from milestones.m01_naive_loop.loader import build_model, init_random_, preset_config
+    from milestones.m13_quantization.epilogue_layers import EpilogueCausalLM
+    from milestones.m13_quantization.quantized_loader import quantize_model_
+
+    config = preset_config("tiny")
+    config.num_hidden_layers = 2
+    model = build_model(config, DEVICE, torch.bfloat16)
+    init_random_(model, 0, std=config.initializer_range)
+    decoder = EpilogueCausalLM(quantize_model_(model, "int4", "triton"))
+    conversions, convert = [], matmul_kernels.int16_x
+    monkeypatch.setattr(matmul_kernels, "int16_x", lambda x: conversions.append(x.shape[0]) or convert(x))
+    integer_rows, add_norm_int16 = [], epilogue_layers.add_rms_norm_int16
+    monkeypatch.setattr(epilogue_layers, "add_rms_norm_int16",
+                        lambda *args: integer_rows.append(add_norm_int16(*args)) or integer_rows[-1])
+    monkeypatch.setattr(epilogue_layers, "NORM_EPILOGUE_MAX_ROWS", 0)  # m12's norm, whose bits the new one keeps
+    outputs = {}
+    for rows in (4, 0):  # a norm writes integers up to 4 rows of x; then never
+        monkeypatch.setattr(epilogue_layers, "INTEGER_X_MAX_ROWS", rows)
+        conversions.clear()
+        with torch.no_grad():  # attention stood in for by q itself: what is checked is the matmuls' x
+            outputs[rows] = decoder(torch.tensor([5], device=DEVICE), torch.tensor([3], device=DEVICE),
+                                    lambda layer, q, k, v: q), len(conversions)
+    assert outputs[4][1] == 2 * 2 + 1 and outputs[0][1] == 4 * 2  # + layer 0's q/k/v, after the embedding's norm
+    assert len(integer_rows) == 3 and all(isinstance(r, IntegerRows) for r in integer_rows)  # the last: the head's
+    assert torch.equal(outputs[4][0], outputs[0][0]) and outputs[4][0].dtype == torch.bfloat16
 
 
 @pytest.mark.skipif(not CUDA, reason="needs CUDA (dp4a compiled, at Qwen3-8B's shapes)")

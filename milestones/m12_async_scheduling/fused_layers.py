@@ -56,11 +56,15 @@ class FusedQwen3Model(nn.Module):
                attention: AttentionFn) -> torch.Tensor:
         """The attention heads' output, ``[T, heads * dim]``, before ``o_proj``."""
         heads, kv_heads, dim = attn.num_heads, attn.num_kv_heads, attn.head_dim
-        qkv = attn.qkv_proj(x)
+        qkv = self.project_qkv(attn.qkv_proj, x)
         q, k = qk_norm_rope(qkv, heads, kv_heads, dim, attn.qk_norm_weight, self.rotary_emb.cos,
                             self.rotary_emb.signed_sin, positions, attn.eps)
         v = qkv[:, (heads + kv_heads) * dim:].view(-1, kv_heads, dim)
         return attention(attn.layer_idx, q, k, v).reshape(-1, heads * dim)
+
+    def project_qkv(self, proj: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """The packed q/k/v projection of the layer's normalised input (a seam, as the two below)."""
+        return proj(x)
 
     def project_add_norm(self, proj: nn.Module, x: torch.Tensor, residual: torch.Tensor,
                          norm: nn.Module) -> torch.Tensor:

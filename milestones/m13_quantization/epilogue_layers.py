@@ -22,6 +22,10 @@ kernel after it, batch 1); the norm costs the GEMV about what m12's kernel costs
 the count, then loads and stores a row: a chain of latencies), so it pays only in the kernel boundaries it
 saves, at one row; at two rows it cost 2.3 µs a launch more, and the step keeps m12's kernel there
 (``NORM_EPILOGUE_MAX_ROWS``).
+
+Where the matmul after a norm multiplies x as 16-bit integers (int4's GEMV on ``dp4a``, 1-4 rows), the norm
+stays a kernel of its own and writes that x too (``integer_norm.py``), so the GEMV needs no conversion launch
+before it: q/k/v and gate_up read ``IntegerRows`` through m12's seams ``project_qkv`` and ``gate_up_silu``.
 """
 
 from __future__ import annotations
@@ -32,30 +36,59 @@ from torch import nn
 from milestones.m12_async_scheduling.fused_layers import FusedCausalLM, FusedQwen3Model
 
 from .epilogue_matmuls import quantized_add_rms_norm, quantized_silu_and_mul
+from .integer_norm import IntegerRows, add_rms_norm_int16
+from .launch_config import LAUNCH_TABLE, regime
+from .matmul_kernels import quantized_matmul
 from .quantize import QuantizedLinear
 
 
 NORM_EPILOGUE_MAX_ROWS = 1  # the add + norm epilogue's rows of x, at most (measured: above)
+INTEGER_X_MAX_ROWS = 4  # a norm writes 16-bit x for the GEMV after it up to this many rows (0: never)
 
 
 def _on_triton(proj: nn.Module) -> bool:
     return isinstance(proj, QuantizedLinear) and proj.kernel == "triton" and proj.bias is None
 
 
+def _multiplies_integers(proj: nn.Module | None, rows: int, dtype: torch.dtype) -> bool:
+    """Whether ``proj`` at this many rows of x runs int4's GEMV on ``dp4a`` (which reads x as integers)."""
+    if proj is None or not _on_triton(proj) or proj.method != "int4" or dtype == torch.float32:
+        return False  # float32 x keeps the float GEMV (matmul_kernels._gemv)
+    config = LAUNCH_TABLE["int4"][regime(rows, "int4")]
+    return rows <= INTEGER_X_MAX_ROWS and config.kernel == "gemv" and config.unpack == "dp4a"
+
+
 class EpilogueQwen3Model(FusedQwen3Model):
     """``FusedQwen3Model`` whose quantized ``gate_up_proj`` finishes SiLU * up in its own kernel, and ``o_proj``
-    and ``down_proj`` the add + norm at one row."""
+    and ``down_proj`` the add + norm at one row; a norm before a GEMV on ``dp4a`` writes that GEMV's x as
+    integers too."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__(model)
+        # the projection that reads each norm's output (the final norm's reader, the LM head, is outside)
+        self.norm_readers = {layer.post_attention_layernorm: layer.mlp.gate_up_proj for layer in self.layers}
+        self.norm_readers.update({layer.input_layernorm: layer.self_attn.qkv_proj for layer in self.layers[1:]})
 
     def project_add_norm(self, proj: nn.Module, x: torch.Tensor, residual: torch.Tensor,
-                         norm: nn.Module) -> torch.Tensor:
+                         norm: nn.Module) -> torch.Tensor | IntegerRows:
+        if _multiplies_integers(self.norm_readers.get(norm), x.shape[0], x.dtype):
+            return add_rms_norm_int16(proj(x), residual, norm.weight, norm.eps)
         if not _on_triton(proj) or x.shape[0] > NORM_EPILOGUE_MAX_ROWS:
             return super().project_add_norm(proj, x, residual, norm)
         return quantized_add_rms_norm(x, proj.qweight, proj.scales, proj.method, residual, norm.weight, norm.eps)
 
-    def gate_up_silu(self, proj: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    def project_qkv(self, proj: nn.Module, x: torch.Tensor | IntegerRows) -> torch.Tensor:
+        if isinstance(x, IntegerRows):
+            return quantized_matmul(x.x, proj.qweight, proj.scales, proj.method, x_words=x.words)
+        return super().project_qkv(proj, x)
+
+    def gate_up_silu(self, proj: nn.Module, x: torch.Tensor | IntegerRows) -> torch.Tensor:
+        words = None
+        if isinstance(x, IntegerRows):
+            x, words = x.x, x.words
         if not _on_triton(proj):
             return super().gate_up_silu(proj, x)
-        return quantized_silu_and_mul(x, proj.qweight, proj.scales, proj.method)
+        return quantized_silu_and_mul(x, proj.qweight, proj.scales, proj.method, x_words=words)
 
 
 class EpilogueCausalLM(FusedCausalLM):

@@ -25,16 +25,18 @@ def _folds(m: int, config: QuantMatmulConfig) -> bool:
 
 
 def quantized_silu_and_mul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, method: str, *,
-                           config: QuantMatmulConfig | None = None, split_k: int | None = None) -> torch.Tensor:
+                           config: QuantMatmulConfig | None = None, split_k: int | None = None,
+                           x_words: torch.Tensor | None = None) -> torch.Tensor:
     """``silu(gate) * up`` of ``x @ W^T``, W's rows the gate rows then the up rows (m10's packed ``gate_up_proj``):
     ``[M, N // 2]``. In the GEMV's finishing programs (``gemv_epilogues.py``); at more rows, the matmul and then
-    m12's kernel."""
+    m12's kernel. ``x_words``: as ``quantized_matmul`` takes it."""
     m, n, k, config, split_k = _plan(x, qweight, scales, method, config, split_k)
     if n % 2:
         raise ValueError(f"silu_and_mul needs gate and up rows in equal numbers, got N = {n}")
     if not _folds(m, config):
-        return silu_and_mul(quantized_matmul(x, qweight, scales, method, config=config, split_k=split_k))
-    return _gemv(x, qweight, scales, m, n, k, method == "int4", config, split_k, _Epilogue("silu_and_mul"))
+        return silu_and_mul(quantized_matmul(x, qweight, scales, method, config=config, split_k=split_k,
+                                             x_words=x_words))
+    return _gemv(x, qweight, scales, m, n, k, method == "int4", config, split_k, _Epilogue("silu_and_mul"), x_words)
 
 
 def quantized_add_rms_norm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, method: str,

@@ -114,6 +114,13 @@ def _int16_x_kernel(x_ptr, out_ptr, K, stride_xm, stride_om, GROUPS: tl.constexp
     group_ok = groups < K // GROUP
     cols = groups[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
     x = tl.load(x_ptr + row * stride_xm + cols, mask=group_ok[:, None], other=0.0).to(tl.float32)
+    store_int16_groups(x, groups, group_ok, out_ptr + row * stride_om, K, GROUPS, GROUP)
+
+
+@triton.jit
+def store_int16_groups(x, groups, group_ok, out_row_ptr, K, GROUPS: tl.constexpr, GROUP: tl.constexpr):
+    """x ``[GROUPS, GROUP]`` float32, groups ``groups`` of a row of ``K`` inputs -> that row's words (the
+    layout above), where ``group_ok``."""
     biggest = tl.max(tl.abs(x), axis=1)
     # IEEE divisions (a compiled "/" is an approximate one): the integers are int16_x_reference's to the bit
     s_x = tl.where(biggest > 0, tl.math.div_rn(biggest, tl.full(biggest.shape, _X_INT_MAX, tl.float32)), 1.0)
@@ -125,11 +132,10 @@ def _int16_x_kernel(x_ptr, out_ptr, K, stride_xm, stride_om, GROUPS: tl.constexp
     hi_words = tl.sum(tl.reshape(hi, [GROUPS, GROUP // 4, 4]) << shifts, axis=2)
     lo_words = tl.sum(tl.reshape(lo, [GROUPS, GROUP // 4, 4]) << shifts, axis=2)
     words = groups[:, None] * (GROUP // 4) + tl.arange(0, GROUP // 4)[None, :]
-    out = out_ptr + row * stride_om
-    tl.store(out + words, hi_words, mask=group_ok[:, None])
-    tl.store(out + K // 4 + words, lo_words, mask=group_ok[:, None])
-    tl.store(out + K // 2 + groups, s_x.to(tl.int32, bitcast=True), mask=group_ok)
-    tl.store(out + K // 2 + K // GROUP + groups, tl.sum(q, axis=1), mask=group_ok)
+    tl.store(out_row_ptr + words, hi_words, mask=group_ok[:, None])
+    tl.store(out_row_ptr + K // 4 + words, lo_words, mask=group_ok[:, None])
+    tl.store(out_row_ptr + K // 2 + groups, s_x.to(tl.int32, bitcast=True), mask=group_ok)
+    tl.store(out_row_ptr + K // 2 + K // GROUP + groups, tl.sum(q, axis=1), mask=group_ok)
 
 
 @triton.jit

@@ -60,7 +60,7 @@ from .gemv_epilogues import (ADD_RMS_NORM, SILU_AND_MUL, _Epilogue, _norm_consta
 from .launch_config import UNPACK_MODES, QuantMatmulConfig, choose_launch, choose_split_k, fits_method
 from .quantize import GROUP_SIZE, QUANTIZATION_METHODS, TILE_ROWS
 from .swap_ab_matmul import swap_ab_matmul
-from .integer_dots import _int4_group_dp4a, int16_x
+from .integer_dots import _int4_group_dp4a, int16_x, int16_x_words
 from .weight_unpacking import (DP4A, MAGIC, SUBNORMAL, UNIT_DOWN, _int4_group_subnormal, _int4_products, _int4_rows,
                                _int8_to_float, _load_x, _unpack_int4)
 
@@ -437,18 +437,20 @@ def _plan(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, method: 
 
 
 def quantized_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, method: str, *,
-                     config: QuantMatmulConfig | None = None, split_k: int | None = None) -> torch.Tensor:
+                     config: QuantMatmulConfig | None = None, split_k: int | None = None,
+                     x_words: torch.Tensor | None = None) -> torch.Tensor:
     """``x [M, K] @ dequantize(qweight, scales)^T`` -> ``[M, N]`` in ``x``'s dtype.
 
     ``config``: by default ``launch_config.LAUNCH_TABLE``'s entry for ``M``'s regime; ``split_k`` (gemv and
-    swap_ab) overrides the heuristic's number of K slices.
+    swap_ab) overrides the heuristic's number of K slices. ``x_words``: x already in ``int16_x``'s form
+    (``integer_norm.py`` writes it), used where the launch multiplies on ``dp4a`` instead of converting x.
     """
     m, n, k, config, split_k = _plan(x, qweight, scales, method, config, split_k)
     if m == 0:
         return x.new_empty((0, n))
     int4 = method == "int4"
     if config.kernel == "gemv":
-        return _gemv(x, qweight, scales, m, n, k, int4, config, split_k)
+        return _gemv(x, qweight, scales, m, n, k, int4, config, split_k, x_words=x_words)
     if config.kernel == "dot":
         return _dot(x, qweight, scales, m, n, k, int4, config)
     if config.kernel == "swap_ab":
@@ -456,14 +458,16 @@ def quantized_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tenso
     return _dequant_then_cublas(x, qweight, scales, n, k, int4, config)
 
 
-def _gemv(x, qweight, scales, m, n, k, int4, config, split_k, epilogue: _Epilogue = _Epilogue()) -> torch.Tensor:
+def _gemv(x, qweight, scales, m, n, k, int4, config, split_k, epilogue: _Epilogue = _Epilogue(),
+          x_words: torch.Tensor | None = None) -> torch.Tensor:
     if not 1 <= split_k <= MAX_SPLIT_K:
         raise ValueError(f"split_k must be in [1, {MAX_SPLIT_K}], got {split_k}")
     if m > GEMV_MAX_ROWS:  # the kernel holds one accumulator per row of x: a few rows per launch
         if epilogue.name != "none":
             raise ValueError(f"a GEMV epilogue takes at most {GEMV_MAX_ROWS} rows of x, got {m}")
         return torch.cat([_gemv(x[i:i + GEMV_MAX_ROWS], qweight, scales, min(GEMV_MAX_ROWS, m - i), n, k, int4,
-                                config, split_k) for i in range(0, m, GEMV_MAX_ROWS)])
+                                config, split_k, x_words=None if x_words is None else x_words[i:i + GEMV_MAX_ROWS])
+                          for i in range(0, m, GEMV_MAX_ROWS)])
     k_per_split = -(-k // (split_k * config.block_k)) * config.block_k
     split_k = -(-k // k_per_split)  # slices that hold at least one step of K
     silu = epilogue.name == "silu_and_mul"
@@ -486,7 +490,9 @@ def _gemv(x, qweight, scales, m, n, k, int4, config, split_k, epilogue: _Epilogu
     words = int4 and config.unpack in ("subnormal", "dp4a")
     if words:  # the kernel reads int4 as int32 words of 8 nibbles (rows of K // 2 bytes: whole words)
         qweight = qweight.view(torch.int32)
-    x_in = int16_x(x) if int4 and config.unpack == "dp4a" else x  # x as 16-bit integers (integer_dots.py)
+    x_in = x
+    if int4 and config.unpack == "dp4a":  # x as 16-bit integers (integer_dots.py), converted here or before
+        x_in = int16_x(x) if x_words is None else _checked_words(x_words, m, k, x.device)
     width = GROUP_SIZE // 8 if words else GROUP_SIZE // 2 if int4 else config.block_k  # elements a row load reads
     per_thread = m * config.block_n * width // (32 * config.num_warps)  # the deferred sums' registers
     _quantized_gemv_kernel[(blocks, split_k)](
@@ -502,6 +508,13 @@ def _gemv(x, qweight, scales, m, n, k, int4, config, split_k, epilogue: _Epilogu
     )
     return out
 
+
+def _checked_words(words: torch.Tensor, m: int, k: int, device: torch.device) -> torch.Tensor:
+    if (words.dtype != torch.int32 or tuple(words.shape) != (m, int16_x_words(k)) or words.stride(-1) != 1
+            or words.device != device):
+        raise ValueError(f"x_words must be int16_x's form of x: int32 [{m}, {int16_x_words(k)}] on {device}, "
+                         f"contiguous along its rows; got {words.dtype} {tuple(words.shape)} on {words.device}")
+    return words
 
 
 _COUNTERS: dict[torch.device, torch.Tensor] = {}

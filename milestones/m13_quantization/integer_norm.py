@@ -1,0 +1,75 @@
+"""x turned into integers where it is made: the add + RMSNorm that also writes the next GEMV's 16-bit x.
+
+int4's GEMV multiplies x as 16-bit integers (``dp4a``, ``integer_dots.py``), and ``int16_x`` converts x in a
+small launch of its own before each matmul: at batch 1 about 1.4 µs, as long as the loop's saving on the short
+matmuls. Two of a layer's four matmuls, q/k/v and gate_up, read the output of an add + RMSNorm, a kernel whose
+one program per row already holds the whole row in registers. There the conversion costs a few instructions
+(each group's largest value, a division per input, the bytes packed four to a word) and no launch::
+
+    before:  h = add_rms_norm(o, residual, w)     x = int16_x(h)     gate_up(h, x)       three launches
+    here:    h, x = add_rms_norm_int16(o, residual, w)               gate_up(h, x)       two
+
+The arithmetic is m12's ``add_rms_norm`` line for line (the same sum over one row, the same rounding to the
+model's dtype), and the words are ``int16_x``'s of that output, so the GEMV sees the same integers to the bit
+either way. ``IntegerRows`` carries both forms from the norm to the matmul that reads them
+(``epilogue_layers.py`` decides where: a norm whose reader multiplies on ``dp4a``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from milestones.m08_triton_kernel.device_kernel import device_kernel
+
+from .integer_dots import int16_x_words, store_int16_groups
+from .quantize import GROUP_SIZE
+
+
+@dataclass(frozen=True)
+class IntegerRows:
+    """Rows of x in two forms: ``x`` ``[M, K]`` in the model's dtype, and ``words``, the same values as
+    ``int16_x`` writes them (``[M, int16_x_words(K)]`` int32) for a GEMV on ``dp4a``."""
+
+    x: torch.Tensor
+    words: torch.Tensor
+
+
+@device_kernel
+@triton.jit
+def _add_rms_norm_int16_kernel(x_ptr, residual_ptr, weight_ptr, out_ptr, words_ptr, eps, stride_wm,
+                               D: tl.constexpr, BLOCK: tl.constexpr, GROUP: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < D
+    x = tl.load(x_ptr + row * D + cols, mask=mask, other=0.0)
+    summed = (x.to(tl.float32) + tl.load(residual_ptr + row * D + cols, mask=mask, other=0.0).to(tl.float32))
+    summed = summed.to(x.dtype)  # the residual stream keeps the model's dtype
+    tl.store(residual_ptr + row * D + cols, summed, mask=mask)
+    s = summed.to(tl.float32)
+    inv_rms = 1.0 / tl.sqrt(tl.sum(s * s, axis=0) / D + eps)
+    w = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    normed = (s * inv_rms * w).to(x.dtype)
+    tl.store(out_ptr + row * D + cols, normed, mask=mask)
+    # the row as the GEMV's integers: groups of GROUP from the values just rounded (past D: zeros, not stored)
+    groups = tl.arange(0, BLOCK // GROUP)
+    grouped = tl.reshape(normed.to(tl.float32), [BLOCK // GROUP, GROUP])
+    store_int16_groups(grouped, groups, groups < D // GROUP, words_ptr + row * stride_wm, D, BLOCK // GROUP, GROUP)
+
+
+def add_rms_norm_int16(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> IntegerRows:
+    """``residual += x`` in place; returns ``RMSNorm(residual) * weight`` and the same rows as ``int16_x``'s
+    words. ``[T, D]`` contiguous, D a multiple of 128 (int4's group)."""
+    tokens, dim = residual.shape
+    if dim % GROUP_SIZE or tuple(x.shape) != (tokens, dim) or not (x.is_contiguous() and residual.is_contiguous()):
+        raise ValueError(f"add_rms_norm_int16 needs x and the residual as contiguous [T, D] with D a multiple of "
+                         f"{GROUP_SIZE}; got x {tuple(x.shape)}, residual {tuple(residual.shape)}")
+    out = torch.empty_like(residual)
+    words = torch.empty((tokens, int16_x_words(dim)), dtype=torch.int32, device=residual.device)
+    if tokens:
+        _add_rms_norm_int16_kernel[(tokens,)](x, residual, weight, out, words, eps, words.stride(0), D=dim,
+                                              BLOCK=triton.next_power_of_2(dim), GROUP=GROUP_SIZE, num_warps=4)
+    return IntegerRows(out, words)
