@@ -19,9 +19,10 @@ for every input within 1/128 of that largest (smaller ones count for less than t
 
 On the H200 each batch-1 matmul of Qwen3-8B took 11-17% less time with x already in integers; the conversion,
 a launch of 1.4 µs, takes most of that back at one row (the step 1.95x bf16 against 1.90x), not at two (1.68x
-against 1.42x): ``docs/m13-quantization.md``, "A ninth guess".
+against 1.42x): ``docs/m13-quantization.md``, "A tenth guess".
 
-``int16_x`` writes each row of x in that form once per matmul (a small kernel of its own), as int32 words::
+``int16_x`` writes each row of x in that form before a matmul (a small kernel of its own; where x comes from an
+add + RMSNorm, the norm writes it instead: ``integer_norm.py``), as int32 words::
 
     [ hi bytes: K / 4 words | lo bytes: K / 4 words | s_x: K / 128 floats | sum q: K / 128 ints ]
 
