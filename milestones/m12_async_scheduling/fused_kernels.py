@@ -30,7 +30,12 @@ from milestones.m08_triton_kernel.device_kernel import device_kernel
 @device_kernel
 @triton.jit
 def _add_rms_norm_kernel(x_ptr, residual_ptr, weight_ptr, out_ptr, eps, D: tl.constexpr, BLOCK: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
+    add_rms_norm_row(x_ptr, residual_ptr, weight_ptr, out_ptr, tl.program_id(0).to(tl.int64), eps, D, BLOCK)
+
+
+@triton.jit
+def add_rms_norm_row(x_ptr, residual_ptr, weight_ptr, out_ptr, row, eps, D: tl.constexpr, BLOCK: tl.constexpr):
+    """One row of ``add_rms_norm``; returns the normalised row as stored (``BLOCK`` values, zeros past ``D``)."""
     cols = tl.arange(0, BLOCK)
     mask = cols < D
     x = tl.load(x_ptr + row * D + cols, mask=mask, other=0.0)
@@ -40,7 +45,9 @@ def _add_rms_norm_kernel(x_ptr, residual_ptr, weight_ptr, out_ptr, eps, D: tl.co
     s = summed.to(tl.float32)
     inv_rms = 1.0 / tl.sqrt(tl.sum(s * s, axis=0) / D + eps)
     w = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    tl.store(out_ptr + row * D + cols, (s * inv_rms * w).to(x.dtype), mask=mask)
+    normed = (s * inv_rms * w).to(x.dtype)
+    tl.store(out_ptr + row * D + cols, normed, mask=mask)
+    return normed
 
 
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,

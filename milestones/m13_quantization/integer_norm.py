@@ -9,8 +9,8 @@ one program per row already holds the whole row in registers. There the conversi
     before:  h = add_rms_norm(o, residual, w)     x = int16_x(h)     gate_up(h, x)       three launches
     here:    h, x = add_rms_norm_int16(o, residual, w)               gate_up(h, x)       two
 
-The arithmetic is m12's ``add_rms_norm`` line for line (the same sum over one row, the same rounding to the
-model's dtype), and the words are ``int16_x``'s of that output, so the GEMV sees the same integers to the bit
+The arithmetic is m12's ``add_rms_norm`` (its kernel's row, ``add_rms_norm_row``, called as it is), and the words
+are ``int16_x``'s of that output, so the GEMV sees the same integers to the bit
 either way. ``IntegerRows`` carries both forms from the norm to the matmul that reads them
 (``epilogue_layers.py`` decides where: a norm whose reader multiplies on ``dp4a``).
 """
@@ -24,6 +24,7 @@ import triton
 import triton.language as tl
 
 from milestones.m08_triton_kernel.device_kernel import device_kernel
+from milestones.m12_async_scheduling.fused_kernels import add_rms_norm_row
 
 from .integer_dots import int16_x_words, store_int16_groups
 from .quantize import GROUP_SIZE
@@ -43,17 +44,7 @@ class IntegerRows:
 def _add_rms_norm_int16_kernel(x_ptr, residual_ptr, weight_ptr, out_ptr, words_ptr, eps, stride_wm,
                                D: tl.constexpr, BLOCK: tl.constexpr, GROUP: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
-    cols = tl.arange(0, BLOCK)
-    mask = cols < D
-    x = tl.load(x_ptr + row * D + cols, mask=mask, other=0.0)
-    summed = (x.to(tl.float32) + tl.load(residual_ptr + row * D + cols, mask=mask, other=0.0).to(tl.float32))
-    summed = summed.to(x.dtype)  # the residual stream keeps the model's dtype
-    tl.store(residual_ptr + row * D + cols, summed, mask=mask)
-    s = summed.to(tl.float32)
-    inv_rms = 1.0 / tl.sqrt(tl.sum(s * s, axis=0) / D + eps)
-    w = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    normed = (s * inv_rms * w).to(x.dtype)
-    tl.store(out_ptr + row * D + cols, normed, mask=mask)
+    normed = add_rms_norm_row(x_ptr, residual_ptr, weight_ptr, out_ptr, row, eps, D, BLOCK)  # m12's, as it stores it
     # the row as the GEMV's integers: groups of GROUP from the values just rounded (past D: zeros, not stored)
     groups = tl.arange(0, BLOCK // GROUP)
     grouped = tl.reshape(normed.to(tl.float32), [BLOCK // GROUP, GROUP])
