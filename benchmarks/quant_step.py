@@ -19,6 +19,7 @@ import time
 import torch
 
 from milestones.common.demo import cuda_median_ms, positive_int, positive_int_list, random_prompts
+from milestones.m10_cuda_graphs.graph_runner import batch_size_ladder
 from milestones.m13_quantization import EngineConfig, LLMEngine
 from milestones.m13_quantization.accuracy import compare_logits
 from milestones.m13_quantization.quantized_loader import weight_bytes
@@ -54,9 +55,20 @@ def build(mode: str, args: argparse.Namespace) -> LLMEngine:
     return engine
 
 
+def check_batches(batches: list[int]) -> None:
+    """Each batch size must have a graph of its own: the engines capture m10's ladder up to the largest, and a
+    size between two rungs would be timed eagerly (or as the next rung's padded step), not as asked."""
+    ladder = batch_size_ladder(max(batches))
+    if missing := [size for size in batches if size not in ladder]:
+        raise SystemExit(f"error: --batches {','.join(map(str, missing))}: no CUDA graph is captured at that size "
+                         f"(the ladder up to {max(batches)} is {','.join(map(str, ladder))}): use sizes from it")
+
+
 def step_ms(engine: LLMEngine, size: int, context: int, repeats: int) -> float:
     """One decode step of ``size`` sequences of ``context`` keys, replayed from the graph of that size."""
     runner = engine.graph_runner
+    if size not in runner.graphs:  # main checks the sizes first; a caller of its own is told the same
+        raise ValueError(f"no CUDA graph captured for batch {size} (captured: {sorted(runner.graphs)})")
     blocks = -(-context // engine.config.block_size)
     runner.context_lens[:size] = context
     runner.slot_mapping[:size] = -1  # timing only: store nothing
@@ -79,6 +91,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=None, help="JSON path (default benchmarks/results/<gpu>/m13_step_times.json)")
     args = parser.parse_args(argv)
+    check_batches(args.batches)
     if not torch.cuda.is_available():
         raise SystemExit("error: benchmarks.quant_step needs a CUDA GPU (CUDA graphs)")
     began = time.perf_counter()

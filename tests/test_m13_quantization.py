@@ -818,6 +818,16 @@ def test_quant_bench_runs_and_recommends_a_table(tmp_path):
     assert "LAUNCH_TABLE" in result["recommended"]["paste"] and set(result["recommended"]["table"]) == {"int8", "int4"}
 
 
+def test_quant_step_refuses_a_batch_size_without_a_graph(capsys):
+    """quant_step times captured graphs only: a size between two rungs of m10's ladder (3 of 1, 2, 4) would be
+    timed eagerly, so it is refused in one line before any engine is built (or any GPU asked for)."""
+    from benchmarks import quant_step
+
+    with pytest.raises(SystemExit, match=r"--batches 3: no CUDA graph .* ladder up to 4 is 1,2,4"):
+        quant_step.main(["--batches", "1,3,4"])
+    quant_step.check_batches([1, 2, 4, 8, 16, 24])  # rungs of the ladder pass
+
+
 def test_quant_bench_times_the_candidates_it_is_given(tmp_path):
     """``--candidates``: those named, at their regimes' batches, beside the table's entry; an unknown name, or
     ``--quick`` beside it, is refused before anything runs."""
