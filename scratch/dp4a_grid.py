@@ -1,9 +1,9 @@
 """One GPU call: the launch parameters of int4's dp4a GEMV, swept at Qwen3-8B's five batch-1 shapes, then the
 step with the winners.
 
-The table's dp4a GEMV (one warp of 32 rows, 256 inputs a step, 3 stages, K in slices to 3 programs an SM) is the
-``subnormal`` kernel's tuning (call 28/33): dp4a issues half the instructions a byte, so the best shape of a
-program may have moved. Each config is timed as 36 launches over distinct weights in one CUDA graph (x already
+Until call 82 the table's dp4a GEMV (one warp of 32 rows, 256 inputs a step, 3 stages, K in slices to 3
+programs an SM) was the ``subnormal`` kernel's tuning (call 28/33): dp4a issues half the instructions a byte, so
+the best shape of a program may have moved (call 82: the first grid; call 83: the second, around its winner). Each config is timed as 36 launches over distinct weights in one CUDA graph (x already
 in integers, as the norms now give it), 5 interleaved rounds, µs a launch, each first checked against the float
 reference. Then quant_step (no gate: the call ran it first), 5 interleaved rounds at batch 1, 2, 4: bf16, int4
 (the table), int4-one (the config with the least time over a step's 145 matmuls), int4-shape (each shape's
@@ -35,16 +35,30 @@ ROUNDS, REPLAYS = 5, 10
 TABLE = launch_config.LAUNCH_TABLE["int4"]["gemv"]
 
 
-def grid() -> dict[str, launch_config.QuantMatmulConfig]:
+def grid(round_: int = 2) -> dict[str, launch_config.QuantMatmulConfig]:
+    """Call 82 swept the first grid around the table then (32 rows, 1 warp); call 83 the second, around its
+    winner (64 rows, 2 warps, 3 stages, 2 programs an SM, the table since)."""
     configs = {"table": TABLE}
-    for block_n, warps, stages, per_sm in itertools.product((16, 32, 64), (1, 2, 4), (2, 3, 4), (2, 3, 4, 6)):
-        name = f"n{block_n}-k256-w{warps}-s{stages}-p{per_sm}"
-        configs[name] = dataclasses.replace(TABLE, block_n=block_n, num_warps=warps, num_stages=stages,
-                                            min_programs_per_sm=per_sm)
-    for block_k, stages in ((128, 4), (128, 6), (512, 2), (512, 3)):
-        for warps in (1, 2):
-            configs[f"n32-k{block_k}-w{warps}-s{stages}-p3"] = dataclasses.replace(
-                TABLE, block_k=block_k, num_warps=warps, num_stages=stages)
+    if round_ == 1:
+        for block_n, warps, stages, per_sm in itertools.product((16, 32, 64), (1, 2, 4), (2, 3, 4), (2, 3, 4, 6)):
+            name = f"n{block_n}-k256-w{warps}-s{stages}-p{per_sm}"
+            configs[name] = dataclasses.replace(TABLE, block_n=block_n, num_warps=warps, num_stages=stages,
+                                                min_programs_per_sm=per_sm)
+        for block_k, stages in ((128, 4), (128, 6), (512, 2), (512, 3)):
+            for warps in (1, 2):
+                configs[f"n32-k{block_k}-w{warps}-s{stages}-p3"] = dataclasses.replace(
+                    TABLE, block_n=32, block_k=block_k, num_warps=warps, num_stages=stages, min_programs_per_sm=3)
+        return configs
+    for block_n, warps, stages, per_sm in itertools.product((64, 128), (2, 4, 8), (3, 4, 5), (1, 2, 3)):
+        configs[f"n{block_n}-k256-w{warps}-s{stages}-p{per_sm}"] = dataclasses.replace(
+            TABLE, block_n=block_n, num_warps=warps, num_stages=stages, min_programs_per_sm=per_sm)
+    for block_n, warps, stages, per_sm in itertools.product((32,), (1, 2), (4, 5, 6), (2, 3, 4)):
+        configs[f"n{block_n}-k256-w{warps}-s{stages}-p{per_sm}"] = dataclasses.replace(
+            TABLE, block_n=block_n, num_warps=warps, num_stages=stages, min_programs_per_sm=per_sm)
+    for block_k, stages, warps in itertools.product((128, 512), (2, 3, 4, 6), (2, 4)):
+        if (block_k == 512) == (stages <= 3):
+            configs[f"n64-k{block_k}-w{warps}-s{stages}-p2"] = dataclasses.replace(
+                TABLE, block_n=64, block_k=block_k, num_warps=warps, num_stages=stages, min_programs_per_sm=2)
     return configs
 
 
@@ -63,7 +77,7 @@ def sweep(out_dir: str, budget_s: float) -> dict:
     began = time.perf_counter()
     torch.manual_seed(0)
     configs = grid()
-    result = {"name": "int4_dp4a_grid", "env": environment("cuda"), "rounds": ROUNDS, "replays": REPLAYS,
+    result = {"name": "int4_dp4a_grid", "round": 2, "env": environment("cuda"), "rounds": ROUNDS, "replays": REPLAYS,
               "configs": {name: dataclasses.asdict(c) for name, c in configs.items()}, "shapes": {}}
     for shape, (n, k) in SHAPES.items():
         launches = 8 if shape == "lm_head" else 36  # the head is 6x L2 anyway
@@ -120,7 +134,7 @@ def sweep(out_dir: str, budget_s: float) -> dict:
           f"{step_us.get(result['one'], float('nan')):.0f} us; per shape {result['per_shape']} "
           f"{sum(PER_STEP[s] * result['shapes'][s]['median_us'][c] for s, c in result['per_shape'].items()):.0f} us",
           flush=True)
-    with open(f"{out_dir}/int4_dp4a_grid.json", "w") as f:
+    with open(f"{out_dir}/int4_dp4a_grid2.json", "w") as f:
         json.dump(result, f, indent=1, default=str)
     return result
 
@@ -154,7 +168,7 @@ def step(out_dir: str, found: dict) -> None:
         quant_step.MODES.setdefault(mode, {"quantization": "int4"})
     quant_step.build = build
     quant_step.main(["--modes", "bf16,int4,int4-one,int4-shape", "--batches", "1,2,4", "--rounds", "5",
-                     "--out", f"{out_dir}/m13_step_times_dp4a_grid.json"])
+                     "--out", f"{out_dir}/m13_step_times_dp4a_grid2.json"])
 
 
 if __name__ == "__main__":

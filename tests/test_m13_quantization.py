@@ -132,17 +132,17 @@ def test_regimes_and_split_k_for_qwen3_8b_shapes():
     assert [regime(m, "int4") for m in (1, 4, 5, 16, 17)] == ["gemv", "gemv", "small", "small", "large"]
     assert choose_launch("int4", 5, 4096, 4096, 132)[0] == LAUNCH_TABLE["int4"]["small"]
     dp4a = LAUNCH_TABLE["int4"]["gemv"]
-    assert (dp4a.unpack, dp4a.num_warps, dp4a.block_n, dp4a.min_programs_per_sm) == ("dp4a", 1, 32, 3)
+    assert (dp4a.unpack, dp4a.num_warps, dp4a.block_n, dp4a.min_programs_per_sm) == ("dp4a", 2, 64, 2)
     chosen = {}
     for n, k in ((6144, 4096), (4096, 4096), (24576, 4096), (4096, 12288), (151936, 4096)):
         config, split = choose_launch("int4", 1, n, k, 132)
         assert config == dp4a and choose_launch("int4", 4, n, k, 132)[0] == dp4a
         chosen[n, k] = split
-    # 3 programs of 32 rows per SM: q/k/v (192 programs) in 3 slices of K, rounded up to 4 equal ones (16 steps);
-    # o_proj and down_proj (128 programs) in 4
-    assert chosen == {(6144, 4096): 4, (4096, 4096): 4, (24576, 4096): 1, (4096, 12288): 4, (151936, 4096): 1}
-    assert choose_launch("int4", 1, 1024, 2048, 132)[1] == 8  # Qwen3-0.6B's o_proj: 32 programs, K in 8 slices
-    words = replace(dp4a, min_programs_per_sm=1)
+    # 2 programs of 64 rows per SM: q/k/v (96 programs) in 3 slices of K, rounded up to 4 equal ones (16 steps);
+    # o_proj (64 programs) in 5, rounded up to 8; down_proj (64 programs, 48 steps) in 5, rounded up to 6
+    assert chosen == {(6144, 4096): 4, (4096, 4096): 8, (24576, 4096): 1, (4096, 12288): 6, (151936, 4096): 1}
+    assert choose_launch("int4", 1, 1024, 2048, 132)[1] == 8  # Qwen3-0.6B's o_proj: 16 programs, K in 8 slices
+    words = replace(dp4a, block_n=32, min_programs_per_sm=1)
     assert choose_split_k(1, 512, 8192, 132, words) == 16  # 16 programs: 9 slices wanted, 16 divide 32 steps
     assert choose_split_k(1, 256, 8192, 132, words) == 16  # 8 programs: K cut in 16 (the most)
     assert choose_split_k(1, 256, 1024, 132, words) == 4  # ...but never into slices shorter than block_k

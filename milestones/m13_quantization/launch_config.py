@@ -137,8 +137,8 @@ LAUNCH_TABLE: dict[str, dict[str, QuantMatmulConfig]] = {
         "prefill": DEQUANT,
     },
     "int4": {
-        "gemv": QuantMatmulConfig("gemv", block_n=32, block_k=256, num_warps=1, num_stages=3,
-                                  min_programs_per_sm=3, unpack="dp4a"),
+        "gemv": QuantMatmulConfig("gemv", block_n=64, block_k=256, num_warps=2, num_stages=3,
+                                  min_programs_per_sm=2, unpack="dp4a"),
         "small": SMALL,
         "large": SWAP_AB,
         "prefill": DEQUANT,
