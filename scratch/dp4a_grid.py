@@ -7,7 +7,8 @@ the best shape of a program may have moved (call 82: the first grid; call 83: th
 in integers, as the norms now give it), 5 interleaved rounds, µs a launch, each first checked against the float
 reference. Then quant_step (no gate: the call ran it first), 5 interleaved rounds at batch 1, 2, 4: bf16, int4
 (the table), int4-one (the config with the least time over a step's 145 matmuls), int4-shape (each shape's
-fastest).
+fastest), and in call 83 int4-one+conversion (int4-one with x's conversion launch at the best of
+``CONVERSIONS``, timed as 36 launches in a graph at K 4,096 and 12,288).
 
     python3 scratch/dp4a_grid.py OUT_DIR [BUDGET_S]
 """
@@ -139,7 +140,56 @@ def sweep(out_dir: str, budget_s: float) -> dict:
     return result
 
 
-def step(out_dir: str, found: dict) -> None:
+CONVERSIONS = [(groups, warps) for groups in (1, 2, 4, 8) for warps in (1, 2, 4)]
+
+
+def int16_x_with(groups: int, warps: int):
+    """``integer_dots.int16_x`` with ``groups`` groups of 128 inputs a program and ``warps`` warps (the module's:
+    8 and 4)."""
+    def convert(x):
+        m, k = x.shape
+        out = torch.empty((m, integer_dots.int16_x_words(k)), dtype=torch.int32, device=x.device)
+        integer_dots._int16_x_kernel[(m, -(-(k // 128) // groups))](
+            x, out, k, x.stride(0), out.stride(0), GROUPS=groups, GROUP=128, num_warps=warps)
+        return out
+    return convert
+
+
+def conversions(out_dir: str) -> tuple[int, int]:
+    """x's conversion launch (``int16_x``): 36 in one graph at o_proj's and down_proj's K, 5 rounds."""
+    result = {"name": "int16_x_grid", "env": environment("cuda"), "rounds": ROUNDS, "replays": REPLAYS, "k": {}}
+    for k in (4096, 12288):
+        xs = [torch.randn(1, k, device="cuda", dtype=torch.bfloat16) for _ in range(36)]
+        reference = integer_dots.int16_x(xs[0])
+        graphs = {}
+        for groups, warps in CONVERSIONS:
+            convert = int16_x_with(groups, warps)
+            assert torch.equal(convert(xs[0]), reference), (groups, warps)
+            graphs[f"g{groups}-w{warps}"] = graph_of([lambda x=x: convert(x) for x in xs])
+        times = {name: [] for name in graphs}
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        for _ in range(ROUNDS):
+            for name, graph in graphs.items():
+                graph.replay()
+                start.record()
+                for _ in range(REPLAYS):
+                    graph.replay()
+                end.record()
+                end.synchronize()
+                times[name].append(start.elapsed_time(end) * 1000 / (REPLAYS * 36))
+        result["k"][str(k)] = {"us": times, "median_us": {n: statistics.median(v) for n, v in times.items()}}
+        print(f"int16_x at K={k}: " + ", ".join(f"{n} {statistics.median(v):.2f}" for n, v in times.items()),
+              flush=True)
+    total = {n: sum(r["median_us"][n] for r in result["k"].values()) for n in result["k"]["4096"]["median_us"]}
+    best = min(total, key=total.get)
+    result["best"] = best
+    with open(f"{out_dir}/int16_x_grid.json", "w") as f:
+        json.dump(result, f, indent=1, default=str)
+    groups, warps = best[1:].split("-w")
+    return int(groups), int(warps)
+
+
+def step(out_dir: str, found: dict, conversion: tuple[int, int]) -> None:
     configs = grid()
     one = configs[found["one"]]
     by_shape = {SHAPES[shape]: configs[name] for shape, name in found["per_shape"].items()}
@@ -153,25 +203,29 @@ def step(out_dir: str, found: dict) -> None:
             return config, launch_config.choose_split_k(m, n, k, num_sms, config)
         return choose
 
-    picks = {"int4-one": lambda n, k: one, "int4-shape": lambda n, k: by_shape.get((n, k))}
-    plain_build = quant_step.build
+    picks = {"int4-one": lambda n, k: one, "int4-shape": lambda n, k: by_shape.get((n, k)),
+             "int4-one+conversion": lambda n, k: one}
+    plain_build, plain_int16_x = quant_step.build, matmul_kernels.int16_x
 
     def build(mode, args):
         try:  # the graphs record the launches they capture: the choice matters only while building
             if mode in picks:
                 matmul_kernels.choose_launch = choose_with(picks[mode])
+            if mode == "int4-one+conversion":
+                matmul_kernels.int16_x = int16_x_with(*conversion)
             return plain_build(mode, args)
         finally:
-            matmul_kernels.choose_launch = plain_choose
+            matmul_kernels.choose_launch, matmul_kernels.int16_x = plain_choose, plain_int16_x
 
     for mode in picks:
         quant_step.MODES.setdefault(mode, {"quantization": "int4"})
     quant_step.build = build
-    quant_step.main(["--modes", "bf16,int4,int4-one,int4-shape", "--batches", "1,2,4", "--rounds", "5",
+    print(f"int4-one: {found['one']}; int4-one+conversion: int16_x with {conversion}", flush=True)
+    quant_step.main(["--modes", ",".join(["bf16", "int4", *picks]), "--batches", "1,2,4", "--rounds", "5",
                      "--out", f"{out_dir}/m13_step_times_dp4a_grid2.json"])
 
 
 if __name__ == "__main__":
     out = sys.argv[1] if len(sys.argv) > 1 else "."
     found = sweep(out, float(sys.argv[2]) if len(sys.argv) > 2 else 300.0)
-    step(out, found)
+    step(out, found, conversions(out))
