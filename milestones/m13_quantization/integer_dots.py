@@ -43,7 +43,10 @@ from .quantize import GROUP_SIZE
 
 X_INT_MAX = 32767  # x's integers: 16 bits, two bytes for dp4a
 _X_INT_MAX = tl.constexpr(X_INT_MAX)
-GROUPS_PER_PROGRAM = 8  # int16_x: groups of 128 inputs a program converts
+# int16_x: groups of 128 inputs a program converts (4 warps). On the H200, 36 conversions in a graph took 1.45 and
+# 1.48 µs each at K = 4,096 and 12,288 with 4 groups, 1.60 and 1.62 with 8; the step 11 µs less at batch 1
+# (results/h200/int16_x_grid.json, m13_step_times+dp4a-grid2.json).
+GROUPS_PER_PROGRAM = 4
 
 
 def int16_x_words(k: int) -> int:
