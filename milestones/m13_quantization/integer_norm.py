@@ -4,7 +4,8 @@ int4's GEMV multiplies x as 16-bit integers (``dp4a``, ``integer_dots.py``), and
 small launch of its own before each matmul: at batch 1 about 1.4 µs, as long as the loop's saving on the short
 matmuls. Two of a layer's four matmuls, q/k/v and gate_up, read the output of an add + RMSNorm, a kernel whose
 one program per row already holds the whole row in registers. There the conversion costs a few instructions
-(each group's largest value, a division per input, the bytes packed four to a word) and no launch::
+(each group's largest value and its reciprocal, a multiply per input, the bytes packed four to a word) and no
+launch::
 
     before:  h = add_rms_norm(o, residual, w)     x = int16_x(h)     gate_up(h, x)       three launches
     here:    h, x = add_rms_norm_int16(o, residual, w)               gate_up(h, x)       two
@@ -28,6 +29,13 @@ from milestones.m12_async_scheduling.fused_kernels import add_rms_norm_row
 
 from .integer_dots import int16_x_words, store_int16_groups
 from .quantize import GROUP_SIZE
+
+
+# One program a row. With 16 warps a row of 4,096 is 8 values a thread: the conversion's chain (the groups'
+# largest values, the packing) is short. On the H200 a launch took 2.24 µs at 16 warps, 2.29 at 4 (in a graph of
+# 36; 3.29 and 2.48 when each input was divided), the step 2.09x bf16 against 2.00x at 4 warps and a division per
+# input (results/h200/integer_norm_warps.json, m13_step_times+integer-norm-warps.json).
+NORM_WARPS = 16
 
 
 @dataclass(frozen=True)
@@ -62,5 +70,6 @@ def add_rms_norm_int16(x: torch.Tensor, residual: torch.Tensor, weight: torch.Te
     words = torch.empty((tokens, int16_x_words(dim)), dtype=torch.int32, device=residual.device)
     if tokens:
         _add_rms_norm_int16_kernel[(tokens,)](x, residual, weight, out, words, eps, words.stride(0), D=dim,
-                                              BLOCK=triton.next_power_of_2(dim), GROUP=GROUP_SIZE, num_warps=4)
+                                              BLOCK=triton.next_power_of_2(dim), GROUP=GROUP_SIZE,
+                                              num_warps=NORM_WARPS)
     return IntegerRows(out, words)
