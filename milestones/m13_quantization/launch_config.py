@@ -8,7 +8,8 @@ so a captured CUDA graph always replays the launch it recorded):
             unpack in registers, multiply-add on the CUDA cores, no tensor cores (a 16-row tl.dot would spend
             16x the multiplies on padding). int4 multiplies on the integer units (``dp4a``, x converted to 16-bit
             integers first): a Qwen3-8B step 1.95x bf16 at one row (1.90x before), 1.68x at 2 (1.42x), 1.23x at 4,
-            where the tensor-core tile below gave 1.14x (results/h200/m13_step_times+dp4a-ab.json).
+            where the tensor-core tile below gave 1.14x (results/h200/m13_step_times+dp4a-ab.json); with the
+            launch tuned again for dp4a, 2.00x and 1.74x (results/h200/m13_step_times+dp4a-grid.json).
     small   M <= SMALL_MAX_M (decode at batch 3-16)  a tile of M rows (padded to 16) on the tensor cores: the
             weight tile is unpacked to bf16 in registers and fed to ``tl.dot``, once for all rows, where the GEMV
             unpacks and multiplies each weight once per row on the CUDA cores. On the H200 a Qwen3-8B step at
@@ -108,12 +109,12 @@ def regime(m: int, method: str) -> str:
 
 # One configuration per method and regime. gemv: measured on the H200 at Qwen3-8B's five shapes, batch 1. int8
 # (quant_bench --gemv-grid at 0c790fd, results/h200/quant_bench+gemv-grid.json): 8 rows x 512 inputs a step, 2 warps,
-# 4 stages deep. int4 on tiles: the words kernel (on dp4a since results/h200/m13_step_times+dp4a-ab.json) with one
-# warp of 32 rows, 3 stages deep
-# (results/h200/int4_tiles_grid.json), and K cut into slices where N gives fewer than 3 such programs per SM
-# (results/h200/int4_split_finish.json, rows per program x slices at each shape: q/k/v 9.2 us in 32 rows x 4
-# slices against 10.7 in 384 programs of 16 rows, o_proj 7.1 in 32 x 4 against 8.5 in 512 of 8, down_proj 12.8 in
-# 32 x 4). The other regimes, from the full quant_bench (results/h200/quant_bench.json, batch 4 to
+# 4 stages deep. int4 on tiles: the words kernel (on dp4a since results/h200/m13_step_times+dp4a-ab.json) with
+# programs of 64 rows and 2 warps, 3 stages deep, and K cut into slices where N gives fewer than 2 such programs
+# per SM (results/h200/int4_dp4a_grid.json: 117 launches at the five shapes, the step's 145 matmuls 1.570 ms
+# against 1.653 with the table before, one warp of 32 rows and 3 programs an SM, which subnormal's grids had
+# chosen: int4_tiles_grid.json, int4_split_finish.json; a second grid around it, int4_dp4a_grid2.json, found
+# nothing faster by more than 1%). The other regimes, from the full quant_bench (results/h200/quant_bench.json, batch 4 to
 # 2,048): 16 rows x 32 outputs x 256 inputs on the tensor cores at 3-16 rows (int4 at batch 16: 3.67 ms a step's
 # matmuls, the config before 4.61, bf16 4.22), and beyond 512 rows the dequant path (at 2,048, 55 ms against the
 # best tl.dot's 102). From 17 to 512 rows: swap_ab, 64 rows of W by up to 128 of x, K in slices for 2 programs an
@@ -218,11 +219,12 @@ def choose_split_k(m: int, n: int, k: int, num_sms: int, config: QuantMatmulConf
     inputs wide: an int4 group); there each slice's float32 sums go to a plane of their own, added by one more
     launch after the kernel.
 
-    int4's words kernel runs one warp of 32 rows per program, and a warp that streams needs company on its SM to
-    keep enough loads in flight. Qwen3-8B on an H200 (132 SMs): q/k/v has 192 such programs, o_proj and down_proj
-    128, gate_up 768, the LM head 4,748; at 3 per SM, q/k/v asks for 3 slices, o_proj and down_proj for 4.
-    The slices are equal: the count is rounded up to one that divides K's loop steps (q/k/v's 16 steps in 4
-    slices of 4, not in 6 + 6 + 4, whose launch lasts as long as its longest slices). A split costs a float32
+    int4's words kernel runs programs of 64 rows and 2 warps, and a program that streams needs company on its SM
+    to keep enough loads in flight. Qwen3-8B on an H200 (132 SMs): q/k/v has 96 such programs, o_proj and
+    down_proj 64, gate_up 384, the LM head 2,374; at 2 per SM, q/k/v asks for 3 slices, o_proj and down_proj for
+    5. The slices are equal: the count is rounded up to one that divides K's loop steps (q/k/v's 16 steps in 4
+    slices of 4, not in 6 + 6 + 4, whose launch lasts as long as its longest slices; o_proj's 16 in 8, down_proj's
+    48 in 6). A split costs a float32
     write of each slice's sums and, per row block, one program that adds them (the kernel's ``SPLIT``): no launch
     of its own. No programs at all (an empty M or N): no slices.
     """
