@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from milestones.common.demo import positive_int, random_prompts
+from milestones.common.demo import name_list, positive_int, random_prompts
 from milestones.m01_naive_loop.loader import PRESETS
 from milestones.m13_quantization import LLMEngine, SamplingParams
 from milestones.m13_quantization.accuracy import forced_logits, logit_error
@@ -26,7 +26,7 @@ from milestones.m13_quantization.accuracy import forced_logits, logit_error
 from .env import environment, save
 from .harness import ensure_tokenizer, free_memory
 from .quant_step import MODES as STEP_MODES
-from .quant_step import m13_engine, parse_modes
+from .quant_step import m13_engine
 
 MODES = {**{name: knobs for name, knobs in STEP_MODES.items() if knobs},  # quant_step's, but the reference's own
          "fp8-kv calculated scales": {"kv_cache_dtype": "fp8", "calculate_kv_scales": True}}
@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--model", default="qwen3-0.6b-random", help="a preset, a checkpoint directory or a hub id")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", default="auto", help="the reference's dtype (auto: bf16 on a GPU)")
-    parser.add_argument("--modes", type=partial(parse_modes, modes=MODES), default=",".join(MODES),
+    parser.add_argument("--modes", type=partial(name_list, names=MODES), default=",".join(MODES),
                         help=f"comma-separated, from {', '.join(MODES)}")
     parser.add_argument("--num-prompts", type=positive_int, default=8)
     parser.add_argument("--prompt-len", type=positive_int, default=64, help="tokens per random prompt (presets)")

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import argparse
 import itertools
+from functools import partial
 import statistics
 import time
 
 import torch
 
-from milestones.common.demo import cuda_median_ms, positive_int, positive_int_list, random_prompts
+from milestones.common.demo import cuda_median_ms, name_list, positive_int, positive_int_list, random_prompts
 from milestones.m10_cuda_graphs.graph_runner import batch_size_ladder
 from milestones.m13_quantization import EngineConfig, LLMEngine
 from milestones.m13_quantization.accuracy import compare_logits
@@ -30,14 +31,6 @@ from .harness import ensure_tokenizer
 MODES = {"bf16": {}, "int8": {"quantization": "int8"}, "int4": {"quantization": "int4"},
          "fp8-kv": {"kv_cache_dtype": "fp8"}, "int4+fp8-kv": {"quantization": "int4", "kv_cache_dtype": "fp8"}}
 TARGETS = {"int8": 1.6, "int4": 2.5}  # m13's batch-1 speed-up over bf16 on qwen3-8b-random
-
-
-def parse_modes(text: str, modes: dict = MODES) -> list[str]:
-    """argparse ``type=`` for comma-separated names of ``modes``."""
-    values = [v.strip() for v in text.split(",") if v.strip()]
-    if not values or any(v not in modes for v in values):
-        raise argparse.ArgumentTypeError(f"expected values from {sorted(modes)}, got {text!r}")
-    return values
 
 
 def m13_engine(args: argparse.Namespace, **knobs) -> LLMEngine:
@@ -55,20 +48,9 @@ def build(mode: str, args: argparse.Namespace) -> LLMEngine:
     return engine
 
 
-def check_batches(batches: list[int]) -> None:
-    """Each batch size must have a graph of its own: the engines capture m10's ladder up to the largest, and a
-    size between two rungs would be timed eagerly (or as the next rung's padded step), not as asked."""
-    ladder = batch_size_ladder(max(batches))
-    if missing := [size for size in batches if size not in ladder]:
-        raise SystemExit(f"error: --batches {','.join(map(str, missing))}: no CUDA graph is captured at that size "
-                         f"(the ladder up to {max(batches)} is {','.join(map(str, ladder))}): use sizes from it")
-
-
 def step_ms(engine: LLMEngine, size: int, context: int, repeats: int) -> float:
     """One decode step of ``size`` sequences of ``context`` keys, replayed from the graph of that size."""
     runner = engine.graph_runner
-    if size not in runner.graphs:  # main checks the sizes first; a caller of its own is told the same
-        raise ValueError(f"no CUDA graph captured for batch {size} (captured: {sorted(runner.graphs)})")
     blocks = -(-context // engine.config.block_size)
     runner.context_lens[:size] = context
     runner.slot_mapping[:size] = -1  # timing only: store nothing
@@ -80,7 +62,7 @@ def step_ms(engine: LLMEngine, size: int, context: int, repeats: int) -> float:
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.quant_step", description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="qwen3-8b-random")
-    parser.add_argument("--modes", type=parse_modes, default=["bf16", "int8", "int4"],
+    parser.add_argument("--modes", type=partial(name_list, names=MODES), default=["bf16", "int8", "int4"],
                         help=f"comma-separated, the first is the reference ({', '.join(MODES)})")
     parser.add_argument("--batches", type=positive_int_list, default=[1, 4, 16])
     parser.add_argument("--context", type=positive_int, default=512, help="keys per sequence")
@@ -91,7 +73,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=None, help="JSON path (default benchmarks/results/<gpu>/m13_step_times.json)")
     args = parser.parse_args(argv)
-    check_batches(args.batches)
+    if missing := sorted(set(args.batches) - set(ladder := batch_size_ladder(max(args.batches)))):  # timed eagerly
+        parser.error(f"--batches {missing}: no CUDA graph is captured at those sizes (m10's ladder: {ladder})")
     if not torch.cuda.is_available():
         raise SystemExit("error: benchmarks.quant_step needs a CUDA GPU (CUDA graphs)")
     began = time.perf_counter()

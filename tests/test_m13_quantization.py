@@ -823,9 +823,9 @@ def test_quant_step_refuses_a_batch_size_without_a_graph(capsys):
     timed eagerly, so it is refused in one line before any engine is built (or any GPU asked for)."""
     from benchmarks import quant_step
 
-    with pytest.raises(SystemExit, match=r"--batches 3: no CUDA graph .* ladder up to 4 is 1,2,4"):
+    with pytest.raises(SystemExit):
         quant_step.main(["--batches", "1,3,4"])
-    quant_step.check_batches([1, 2, 4, 8, 16, 24])  # rungs of the ladder pass
+    assert "--batches [3]: no CUDA graph is captured at those sizes (m10's ladder: [1, 2, 4])" in capsys.readouterr().err
 
 
 def test_quant_bench_times_the_candidates_it_is_given(tmp_path):

@@ -123,6 +123,14 @@ def positive_int_list(text: str) -> list[int]:
             f"expected comma-separated positive integers such as 32,256,1024, got {text!r}") from None
 
 
+def name_list(text: str, names) -> list[str]:
+    """argparse ``type=`` (bound with ``functools.partial``) for comma-separated names, each one of ``names``."""
+    values = [v.strip() for v in text.split(",") if v.strip()]
+    if not values or any(v not in names for v in values):
+        raise argparse.ArgumentTypeError(f"expected values from {sorted(names)}, got {text!r}")
+    return values
+
+
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """``--help`` shows each flag's default after its text, unless the text already says it (``"(default: room
     for 6 requests)"``: what None means) or the default is None, which would say nothing."""
