@@ -12,8 +12,8 @@ quantized engine's logits are first compared with the reference's; ``--gate`` ru
 from __future__ import annotations
 
 import argparse
-import itertools
 from functools import partial
+import itertools
 import statistics
 import time
 

@@ -32,7 +32,7 @@ import random
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
@@ -123,7 +123,7 @@ def positive_int_list(text: str) -> list[int]:
             f"expected comma-separated positive integers such as 32,256,1024, got {text!r}") from None
 
 
-def name_list(text: str, names) -> list[str]:
+def name_list(text: str, names: Collection[str]) -> list[str]:
     """argparse ``type=`` (bound with ``functools.partial``) for comma-separated names, each one of ``names``."""
     values = [v.strip() for v in text.split(",") if v.strip()]
     if not values or any(v not in names for v in values):

@@ -32,9 +32,9 @@ from .quantize import GROUP_SIZE
 
 
 # One program a row. With 16 warps a row of 4,096 is 8 values a thread: the conversion's chain (the groups'
-# largest values, the packing) is short. On the H200 a launch took 2.24 µs at 16 warps, 2.29 at 4 (in a graph of
-# 36; 3.29 and 2.48 when each input was divided), the step 2.09x bf16 against 2.00x at 4 warps and a division per
-# input (results/h200/integer_norm_warps.json, m13_step_times+integer-norm-warps.json).
+# largest values, the packing) is short. On the H200, 36 launches in a graph took 2.29 µs each at 4 warps and
+# 2.24 at 16 (3.29 and 2.48 when each input was divided); the step was 2.09x bf16 against 2.00x at 4 warps with a
+# division per input (results/h200/integer_norm_warps.json, m13_step_times+integer-norm-warps.json).
 NORM_WARPS = 16
 
 

@@ -110,22 +110,22 @@ def regime(m: int, method: str) -> str:
 # One configuration per method and regime. gemv: measured on the H200 at Qwen3-8B's five shapes, batch 1. int8
 # (quant_bench --gemv-grid at 0c790fd, results/h200/quant_bench+gemv-grid.json): 8 rows x 512 inputs a step, 2 warps,
 # 4 stages deep. int4 on tiles: the words kernel (on dp4a since results/h200/m13_step_times+dp4a-ab.json) with
-# programs of 64 rows and 2 warps, 3 stages deep, and K cut into slices where N gives fewer than 2 such programs
-# per SM (results/h200/int4_dp4a_grid.json: 117 launches at the five shapes, the step's 145 matmuls 1.570 ms
-# against 1.653 with the table before, one warp of 32 rows and 3 programs an SM, which subnormal's grids had
-# chosen: int4_tiles_grid.json, int4_split_finish.json; a second grid around it, int4_dp4a_grid2.json, found
-# nothing faster by more than 1%). The other regimes, from the full quant_bench (results/h200/quant_bench.json, batch 4 to
-# 2,048): 16 rows x 32 outputs x 256 inputs on the tensor cores at 3-16 rows (int4 at batch 16: 3.67 ms a step's
-# matmuls, the config before 4.61, bf16 4.22), and beyond 512 rows the dequant path (at 2,048, 55 ms against the
-# best tl.dot's 102). From 17 to 512 rows: swap_ab, 64 rows of W by up to 128 of x, K in slices for 2 programs an
-# SM (results/h200/int4_wide.json, int4 per shape at 64 and 128 rows: q/k/v 24.9 and 32.8 us against the dequant
-# path's 36.0 and 37.3, gate_up 58.7 and 77.0 against 148.1 and 157.3, down_proj 38.2 and 50.5 against 79.9 and
-# 86.9, the LM head 292 and 401 against 916 and 974; bf16's cuBLAS 16.5, 52.6, 32.3, 311 at 64 rows; in the step,
-# m13_step_times+swap-ab.json, int4 0.94x bf16 at 64 rows against 0.47x, int8 0.86x against 0.45x); from 17 rows,
-# not 33, since calls 72-73 (quant_bench+small-swap-ab.json: at 32 rows int4's gate_up 43.0 us against the 16-row
-# tile's 81.8, the LM head 228 against 477; m13_step_times+small-swap-ab.json, above). Compiled for
-# sm_90 (tests/compile_m13_for_gpu.py --registers): with bf16 or fp16 activations nothing spills (float32 ones
-# spill in the tensor-core kernels, a path for tests, not for speed).
+# programs of 64 rows and 2 warps, 3 stages deep, and K cut into slices where N gives fewer than 2 such programs per
+# SM (results/h200/int4_dp4a_grid.json: 117 launches at the five shapes, the step's 145 matmuls 1.570 ms against 1.653
+# with the table before, one warp of 32 rows and 3 programs an SM, which subnormal's grids had chosen:
+# int4_tiles_grid.json, int4_split_finish.json; a second grid around it, int4_dp4a_grid2.json, found nothing faster by
+# more than 1%). The other regimes, from the full quant_bench (results/h200/quant_bench.json, batch 4 to 2,048): 16
+# rows x 32 outputs x 256 inputs on the tensor cores at 3-16 rows (int4 at batch 16: 3.67 ms a step's matmuls, the
+# config before 4.61, bf16 4.22), and beyond 512 rows the dequant path (at 2,048, 55 ms against the best tl.dot's
+# 102). From 17 to 512 rows: swap_ab, 64 rows of W by up to 128 of x, K in slices for 2 programs an SM
+# (results/h200/int4_wide.json, int4 per shape at 64 and 128 rows: q/k/v 24.9 and 32.8 us against the dequant path's
+# 36.0 and 37.3, gate_up 58.7 and 77.0 against 148.1 and 157.3, down_proj 38.2 and 50.5 against 79.9 and 86.9, the LM
+# head 292 and 401 against 916 and 974; bf16's cuBLAS 16.5, 52.6, 32.3, 311 at 64 rows; in the step,
+# m13_step_times+swap-ab.json, int4 0.94x bf16 at 64 rows against 0.47x, int8 0.86x against 0.45x); from 17 rows, not
+# 33, since calls 72-73 (quant_bench+small-swap-ab.json: at 32 rows int4's gate_up 43.0 us against the 16-row tile's
+# 81.8, the LM head 228 against 477; m13_step_times+small-swap-ab.json, above). Compiled for sm_90
+# (tests/compile_m13_for_gpu.py --registers): with bf16 or fp16 activations nothing spills (float32 ones spill in the
+# tensor-core kernels, a path for tests, not for speed).
 SMALL = QuantMatmulConfig("dot", block_m=16, block_n=32, block_k=256, num_warps=4, num_stages=4)
 DEQUANT = QuantMatmulConfig("dequant", block_n=64, block_k=256, num_warps=4, num_stages=2)
 SWAP_AB = QuantMatmulConfig("swap_ab", block_m=128, block_n=64, block_k=128, num_warps=4, num_stages=3,
@@ -224,9 +224,8 @@ def choose_split_k(m: int, n: int, k: int, num_sms: int, config: QuantMatmulConf
     down_proj 64, gate_up 384, the LM head 2,374; at 2 per SM, q/k/v asks for 3 slices, o_proj and down_proj for
     5. The slices are equal: the count is rounded up to one that divides K's loop steps (q/k/v's 16 steps in 4
     slices of 4, not in 6 + 6 + 4, whose launch lasts as long as its longest slices; o_proj's 16 in 8, down_proj's
-    48 in 6). A split costs a float32
-    write of each slice's sums and, per row block, one program that adds them (the kernel's ``SPLIT``): no launch
-    of its own. No programs at all (an empty M or N): no slices.
+    48 in 6). A split costs a float32 write of each slice's sums and, per row block, one program that adds them
+    (the kernel's ``SPLIT``): no launch of its own. No programs at all (an empty M or N): no slices.
     """
     if config.kernel == "swap_ab":
         programs = -(-m // swap_ab_rows(m, config)) * -(-n // config.block_n)
