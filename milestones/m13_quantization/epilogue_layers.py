@@ -16,7 +16,7 @@ stays m12's kernel, below). Beyond the GEMV's rows (``GEMV_MAX_M``) the
 same calls run the matmul and then m12's kernel; an unquantized layer, or one on the torch reference, keeps
 m12's path.
 
-Which epilogues pay was measured on the H200 (calls 57-58, ``docs/m13-quantization.md``, "A seventh guess"):
+Which epilogues pay was measured on the H200 (calls 57-58, ``docs/int4-gemv-journal.md``, "A seventh guess"):
 SiLU * up costs its GEMV almost nothing and saves a kernel (gate_up 22.2 µs a launch against 23.6 with m12's
 kernel after it, batch 1); the norm costs the GEMV about what m12's kernel costs (its last program waits for
 the count, then loads and stores a row: a chain of latencies), so it pays only in the kernel boundaries it

@@ -2,7 +2,7 @@
 
 The ``subnormal`` GEMV spends about two instructions a weight (a mask, a float multiply-add, a share of x's
 scaling), and at one row of x the long int4 matmuls issue in 68-81% of the H200's cycles: its instructions, not
-its bytes, are what they wait for (``docs/m13-quantization.md``, "What the profiler says"). A GPU has an
+its bytes, are what they wait for (``docs/int4-gemv-journal.md``, "What the profiler says"). A GPU has an
 instruction that does four products at once, on integers: ``dp4a`` adds the dot product of two words' four
 bytes to a 32-bit integer. Its operands must be bytes, so x is turned into integers first:
 
@@ -19,7 +19,7 @@ for every input within 1/128 of that largest (smaller ones count for less than t
 
 On the H200 each batch-1 matmul of Qwen3-8B took 11-17% less time with x already in integers; the conversion,
 a launch of 1.4 µs, takes most of that back at one row (the step 1.95x bf16 against 1.90x), not at two (1.68x
-against 1.42x): ``docs/m13-quantization.md``, "A tenth guess".
+against 1.42x): ``docs/int4-gemv-journal.md``, "A tenth guess".
 
 ``int16_x`` writes each row of x in that form before a matmul (a small kernel of its own; where x comes from an
 add + RMSNorm, the norm writes it instead: ``integer_norm.py``), as int32 words::

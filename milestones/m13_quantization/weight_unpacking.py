@@ -37,7 +37,7 @@ products an instruction (``dp4a``, ``integer_dots.py``): int4's GEMV in the laun
 
 The GEMV's whole loop on words (loads and addresses included) issues 7-9.5 instructions a byte, and it is not
 waiting on them: on the H200 a variant with 25-35% fewer streamed no faster, while tiles cut its long matmuls' time
-by 5% at the same launch and 22% with wider programs (``docs/m13-quantization.md``, "Two guesses tested").
+by 5% at the same launch and 22% with wider programs (``docs/int4-gemv-journal.md``, "Two guesses tested").
 """
 
 from __future__ import annotations
