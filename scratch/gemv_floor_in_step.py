@@ -9,10 +9,12 @@ are: the values are garbage, the timing is not), and timed beside bf16 and int4 
 
     int4-floor      the GEMVs only stream their bytes; the norms, x's conversions and attention as in int4
     int4-floor-x    the same, and x's conversion launches gone too (int16_x returns an unwritten buffer)
+    int4-x          m13's GEMVs, and x's conversion launches gone (call 89: what converting x where it is made
+                    could save at most)
 
-The logit error is measured for int4 only (the floor engines' logits are garbage by design).
+The logit error is measured for int4 only (the other engines' logits are garbage by design).
 
-    python3 scratch/gemv_floor_in_step.py OUT_DIR
+    python3 scratch/gemv_floor_in_step.py OUT_DIR [MODES]
 """
 
 from __future__ import annotations
@@ -83,25 +85,26 @@ def unwritten_int16_x(x: torch.Tensor) -> torch.Tensor:
 def main(out_dir: str) -> None:
     plain_build, plain_kernel, plain_x = quant_step.build, matmul_kernels._quantized_gemv_kernel, matmul_kernels.int16_x
     plain_compare = quant_step.compare_logits
+    modes = sys.argv[2] if len(sys.argv) > 2 else "bf16,int4,int4-floor,int4-floor-x"
 
     def build(mode, args):
         try:  # the graphs record the launches they capture
             if mode.startswith("int4-floor"):
                 matmul_kernels._quantized_gemv_kernel = StreamInstead()
-            if mode == "int4-floor-x":
+            if mode in ("int4-floor-x", "int4-x"):
                 matmul_kernels.int16_x = unwritten_int16_x
             return plain_build(mode, args)
         finally:
             matmul_kernels._quantized_gemv_kernel, matmul_kernels.int16_x = plain_kernel, plain_x
 
     def compare(reference, engines, prompts, positions):
-        return plain_compare(reference, {m: e for m, e in engines.items() if "floor" not in m}, prompts, positions)
+        return plain_compare(reference, {m: e for m, e in engines.items() if m == "int4"}, prompts, positions)
 
-    for mode in ("int4-floor", "int4-floor-x"):
+    for mode in ("int4-floor", "int4-floor-x", "int4-x"):
         quant_step.MODES.setdefault(mode, {"quantization": "int4"})
     quant_step.build, quant_step.compare_logits = build, compare
-    quant_step.main(["--modes", "bf16,int4,int4-floor,int4-floor-x", "--batches", "1", "--rounds", "5",
-                     "--out", f"{out_dir}/m13_step_times_gemv_floor.json"])
+    quant_step.main(["--modes", modes, "--batches", "1", "--rounds", "5",
+                     "--out", f"{out_dir}/m13_step_times_gemv_floor_{len(modes.split(','))}.json"])
 
 
 if __name__ == "__main__":
