@@ -184,3 +184,71 @@ def test_dp4a_on_cuda_at_qwen3_8b_shapes(n, k, m):
     expected = int16_x_reference(x).cuda() @ dequantize_int4(packed, scales).cuda().t()
     out = quantized_matmul(x.cuda(), tile_int4(packed).cuda(), group_major(scales).cuda(), "int4", config=DP4A)
     assert ((out.float() - expected).abs().max() / expected.abs().max()) < 2 ** -8
+
+
+@pytest.mark.parametrize("head_dim", [128, 256])
+def test_the_combine_writes_attentions_output_as_o_projs_integers(head_dim):
+    """m08's combine with ``IntegerHeadsAttention``'s: the same output to the bit, and beside it the words
+    ``int16_x`` writes from that output (a head is one group of 128 inputs, or two)."""
+    from milestones.m08_triton_kernel.paged_decode_kernel import paged_decode_attention
+    from milestones.m13_quantization.integer_heads import IntegerHeadsAttention
+
+    gen = torch.Generator().manual_seed(head_dim)
+    lengths, block, heads, kv_heads = [5, 40, 70], 16, 4, 2
+    blocks = sum(-(-n // block) for n in lengths)
+    k_cache, v_cache = (torch.randn(blocks, block, kv_heads, head_dim, generator=gen).to(torch.bfloat16).to(DEVICE)
+                        for _ in range(2))
+    tables = torch.zeros(len(lengths), 5, dtype=torch.int32)
+    first = 0
+    for row, n in enumerate(lengths):
+        tables[row, :-(-n // block)] = torch.arange(first, first - (-n // block))
+        first -= -n // block
+    q = torch.randn(len(lengths), heads, head_dim, generator=gen).to(torch.bfloat16).to(DEVICE)
+    args = (q, k_cache, v_cache, tables.to(DEVICE), torch.tensor(lengths, dtype=torch.int32, device=DEVICE),
+            head_dim ** -0.5)
+    attention = IntegerHeadsAttention(None, None, None, None, 0)
+    out = paged_decode_attention(*args, num_splits=3, combine=attention.combine)
+    assert torch.equal(out, paged_decode_attention(*args, num_splits=3))
+    assert torch.equal(attention.words, int16_x(out.reshape(len(lengths), heads * head_dim)))
+
+
+def test_decode_graphs_hand_o_proj_the_combines_integers(monkeypatch):
+    """The decoder of m13's decode graphs at one row, int4 on dp4a, over a real paged cache: with m10's graph
+    attention, o_proj reads the combine's integers, and the step converts one x a layer fewer; the output is the
+    same to the bit as with the conversion launch (attention given as a plain function)."""
+    from milestones.m01_naive_loop.loader import build_model, init_random_, preset_config
+    from milestones.m05_paged_blocks.paged_attention import PagedKVCache
+    from milestones.m10_cuda_graphs.graph_runner import GraphDecodeAttention
+    from milestones.m13_quantization.epilogue_layers import EpilogueCausalLM
+    from milestones.m13_quantization.quantized_loader import quantize_model_
+
+    config = preset_config("tiny")
+    config.num_hidden_layers, config.num_attention_heads, config.num_key_value_heads = 2, 2, 1
+    config.hidden_size, config.head_dim = 256, 128  # a head: one group of o_proj's input
+    model = build_model(config, DEVICE, torch.bfloat16)
+    init_random_(model, 0, std=config.initializer_range)
+    decoder = EpilogueCausalLM(quantize_model_(model, "int4", "triton"))
+    cache = PagedKVCache(2, 4, 16, 1, 128, torch.bfloat16, DEVICE)
+    gen = torch.Generator().manual_seed(1)
+    for layer in range(2):  # 40 keys already cached, the new one goes to slot 40
+        cache.k[layer].copy_(torch.randn(cache.k[layer].shape, generator=gen))
+        cache.v[layer].copy_(torch.randn(cache.v[layer].shape, generator=gen))
+    def graph_attention(bound: int) -> GraphDecodeAttention:  # K in slices from m08's heuristic, or not
+        return GraphDecodeAttention(cache, torch.tensor([40], device=DEVICE),
+                                    torch.tensor([[2, 0, 3, 1]], dtype=torch.int32, device=DEVICE),
+                                    torch.tensor([41], dtype=torch.int32, device=DEVICE), bound)
+
+    graph = graph_attention(4096)
+    conversions, convert = [], matmul_kernels.int16_x
+    monkeypatch.setattr(matmul_kernels, "int16_x", lambda x: conversions.append(x.shape[0]) or convert(x))
+    monkeypatch.setattr(epilogue_layers, "NORM_EPILOGUE_MAX_ROWS", 0)
+    outputs = {}
+    for name, attention in (("combine", graph), ("launch", lambda *args: graph(*args)),
+                            ("unsplit", graph_attention(64))):  # no slices: no combine, the launch stays
+        conversions.clear()
+        with torch.no_grad():
+            outputs[name] = decoder(torch.tensor([5], device=DEVICE), torch.tensor([40], device=DEVICE),
+                                    attention), len(conversions)
+    assert outputs["launch"][1] == 2 * 2 + 1 and outputs["combine"][1] == 2 * 1 + 1  # + layer 0's q/k/v
+    assert outputs["unsplit"][1] == outputs["launch"][1]
+    assert torch.equal(outputs["combine"][0], outputs["launch"][0])

@@ -47,6 +47,7 @@ tests check them on a laptop. Each kernel chooses at launch, from its tensors' d
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import triton
@@ -283,16 +284,11 @@ def _paged_decode_kernel(
         tl.store(out_rows + dims[None, :], out.to(out_ptr.dtype.element_ty), mask=row_mask)
 
 
-@device_kernel
-@triton.jit(do_not_specialize=["num_splits"])
-def _combine_splits_kernel(
-    partial_ptr, lse_ptr, out_ptr, num_splits, stride_out_seq, stride_out_head,
-    HEAD_DIM: tl.constexpr, SPLITS_POW2: tl.constexpr,
-):
-    """One (sequence, query head): weight each split's output by its share of the softmax denominator."""
-    seq = tl.program_id(0)
-    head = tl.program_id(1)
-    row = seq * tl.num_programs(1) + head
+@triton.jit
+def combine_splits(partial_ptr, lse_ptr, row, num_splits, HEAD_DIM: tl.constexpr, SPLITS_POW2: tl.constexpr):
+    """Row ``row`` (a sequence's query head) of the slices' partial outputs, weighted by each slice's share of
+    the softmax denominator: ``[HEAD_DIM]`` float32. (m13 calls it too, in a combine that also writes the row as
+    the integers its next matmul reads.)"""
     splits = tl.arange(0, SPLITS_POW2)
     dims = tl.arange(0, HEAD_DIM)
     used = splits < num_splits
@@ -303,7 +299,20 @@ def _combine_splits_kernel(
     lse_max = tl.where(lse_max == float("-inf"), 0.0, lse_max)  # every split empty: weights 0, output 0
     weight = tl.exp2(lse - lse_max)  # empty splits have lse = -inf: weight 0
     total = tl.sum(weight, 0)
-    out = tl.sum(weight[:, None] * partial, 0) / tl.where(total > 0, total, 1.0)
+    return tl.sum(weight[:, None] * partial, 0) / tl.where(total > 0, total, 1.0)
+
+
+@device_kernel
+@triton.jit(do_not_specialize=["num_splits"])
+def _combine_splits_kernel(
+    partial_ptr, lse_ptr, out_ptr, num_splits, stride_out_seq, stride_out_head,
+    HEAD_DIM: tl.constexpr, SPLITS_POW2: tl.constexpr,
+):
+    """One (sequence, query head): weight each split's output by its share of the softmax denominator."""
+    seq = tl.program_id(0)
+    head = tl.program_id(1)
+    out = combine_splits(partial_ptr, lse_ptr, seq * tl.num_programs(1) + head, num_splits, HEAD_DIM, SPLITS_POW2)
+    dims = tl.arange(0, HEAD_DIM)
     tl.store(out_ptr + seq * stride_out_seq + head * stride_out_head + dims, out.to(out_ptr.dtype.element_ty))
 
 
@@ -408,7 +417,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            max_context_len: int | None = None, num_splits: int | None = None,
                            out: torch.Tensor | None = None,
                            config: DecodeKernelConfig | None = None, k_scale: torch.Tensor | None = None,
-                           v_scale: torch.Tensor | None = None) -> torch.Tensor:
+                           v_scale: torch.Tensor | None = None, combine: Callable | None = None) -> torch.Tensor:
     """Attention of one new query token per sequence over its paged K/V; returns ``[B, heads, head_dim]``.
 
     ``q`` ``[B, heads, head_dim]`` (RoPE applied); ``k_cache``/``v_cache`` ``[num_blocks, block_size, kv_heads,
@@ -419,7 +428,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     ``num_splits`` overrides the heuristic; ``out`` receives the result if given. ``config``: by default
     ``LAUNCH_TABLE``'s entry for the regime (split or direct); a given config serves both regimes.
     ``k_scale`` / ``v_scale`` (one-element float32 tensors, read on the device): a float8_e4m3fn cache's scales
-    (m13), required with such a cache and refused without one.
+    (m13), required with such a cache and refused without one. ``combine(partial, lse, out, num_splits)``, where
+    K is split: launches what weighs the slices into ``out`` instead of ``_combine_splits_kernel`` (m13's seam).
     """
     layout = _layout(q, k_cache, v_cache, block_tables, context_lens, out)
     kv_fp8 = k_cache.dtype == FP8_DTYPE
@@ -461,7 +471,9 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         PTX=layout.fp8_words and layout.ptx,
         num_warps=config.num_warps, num_stages=config.num_stages, **layout.constexprs,
     )
-    if split:
+    if split and combine is not None:
+        combine(partial, lse, out, num_splits)
+    elif split:
         _combine_splits_kernel[(batch, num_heads)](
             partial, lse, out, num_splits, *layout.out_strides,
             HEAD_DIM=head_dim, SPLITS_POW2=1 << (num_splits - 1).bit_length(), num_warps=4,  # next power of 2

@@ -60,14 +60,19 @@ class GraphDecodeAttention:
         self.block_tables, self.context_lens, self.max_context_len = block_tables, context_lens, max_context_len
 
     def __call__(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        from milestones.m08_triton_kernel.paged_decode_kernel import paged_decode_attention
         from milestones.m08_triton_kernel.store_kv_kernel import store_kv
 
         scales = self.cache.kernel_scales(layer_idx)  # none, or an FP8 cache's per-layer scales (m13)
         store_kv(k, v, self.cache.k[layer_idx], self.cache.v[layer_idx], self.slot_mapping, **scales)
+        return self.decode(layer_idx, q, **scales)
+
+    def decode(self, layer_idx: int, q: torch.Tensor, **options) -> torch.Tensor:
+        """The paged decode kernel over the stored K/V; ``options`` go to it (a seam: m13 passes its combine)."""
+        from milestones.m08_triton_kernel.paged_decode_kernel import paged_decode_attention
+
         k_blocks, v_blocks = self.cache.block_view(layer_idx)
         return paged_decode_attention(q, k_blocks, v_blocks, self.block_tables, self.context_lens,
-                                      q.shape[-1] ** -0.5, max_context_len=self.max_context_len, **scales)
+                                      q.shape[-1] ** -0.5, max_context_len=self.max_context_len, **options)
 
 
 class CUDAGraphRunner:

@@ -25,7 +25,9 @@ saves, at one row; at two rows it cost 2.3 µs a launch more, and the step keeps
 
 Where the matmul after a norm multiplies x as 16-bit integers (int4's GEMV on ``dp4a``, 1-4 rows), the norm
 stays a kernel of its own and writes that x too (``integer_norm.py``), so the GEMV needs no conversion launch
-before it: q/k/v and gate_up read ``IntegerRows`` through m12's seams ``project_qkv`` and ``gate_up_silu``.
+before it: q/k/v and gate_up read ``IntegerRows`` through m12's seams ``project_qkv`` and ``gate_up_silu``. In a
+decode graph o_proj's x comes the same way from the attention's combine (``integer_heads.py``, through m12's
+``attend``); only down_proj's x (and the head's, and layer 0's q/k/v) is still converted by a launch.
 """
 
 from __future__ import annotations
@@ -33,9 +35,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from milestones.m10_cuda_graphs.graph_runner import GraphDecodeAttention
 from milestones.m12_async_scheduling.fused_layers import FusedCausalLM, FusedQwen3Model
 
 from .epilogue_matmuls import quantized_add_rms_norm, quantized_silu_and_mul
+from .integer_heads import IntegerHeadsAttention
 from .integer_norm import IntegerRows, add_rms_norm_int16
 from .launch_config import LAUNCH_TABLE, regime
 from .matmul_kernels import quantized_matmul
@@ -69,10 +73,34 @@ class EpilogueQwen3Model(FusedQwen3Model):
         self.norm_readers = {layer.post_attention_layernorm: layer.mlp.gate_up_proj for layer in self.layers}
         self.norm_readers.update({layer.input_layernorm: layer.self_attn.qkv_proj for layer in self.layers[1:]})
 
-    def project_add_norm(self, proj: nn.Module, x: torch.Tensor, residual: torch.Tensor,
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attention) -> torch.Tensor:
+        if type(attention) is GraphDecodeAttention:  # a decode graph's: its combine can write o_proj's integers
+            attention = IntegerHeadsAttention.like(attention)
+        return super().forward(input_ids, positions, attention)
+
+    def attend(self, attn: nn.Module, x: torch.Tensor | IntegerRows, positions: torch.Tensor,
+               attention) -> torch.Tensor | IntegerRows:
+        rows = x.x if isinstance(x, IntegerRows) else x
+        if not (isinstance(attention, IntegerHeadsAttention)
+                and _multiplies_integers(attn.o_proj, rows.shape[0], rows.dtype)):
+            return super().attend(attn, x, positions, attention)
+        attention.wants_words = True
+        try:
+            heads = super().attend(attn, x, positions, attention)
+        finally:
+            attention.wants_words = False
+        words, attention.words = attention.words, None
+        return heads if words is None else IntegerRows(heads, words)
+
+    def project_add_norm(self, proj: nn.Module, x: torch.Tensor | IntegerRows, residual: torch.Tensor,
                          norm: nn.Module) -> torch.Tensor | IntegerRows:
+        words = None
+        if isinstance(x, IntegerRows):  # o_proj's x from the attention's combine
+            x, words = x.x, x.words
         if _multiplies_integers(self.norm_readers.get(norm), x.shape[0], x.dtype):
-            return add_rms_norm_int16(proj(x), residual, norm.weight, norm.eps)
+            out = proj(x) if words is None else quantized_matmul(x, proj.qweight, proj.scales, proj.method,
+                                                                  x_words=words)
+            return add_rms_norm_int16(out, residual, norm.weight, norm.eps)
         if not _on_triton(proj) or x.shape[0] > NORM_EPILOGUE_MAX_ROWS:
             return super().project_add_norm(proj, x, residual, norm)
         return quantized_add_rms_norm(x, proj.qweight, proj.scales, proj.method, residual, norm.weight, norm.eps)
