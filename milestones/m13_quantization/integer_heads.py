@@ -12,11 +12,13 @@ input, so the program that makes it holds everything the conversion needs::
     m08:  out[seq, head] = combine(partials)                      then  int16_x(out)   (a launch per layer)
     here: out[seq, head] = combine(partials); words[seq, group head] = int16(out)   (the same program)
 
-``combine_to_integers`` is that kernel: m08's arithmetic (``combine_splits``), the row stored as m08 stores it,
+``_combine_to_integers_kernel`` is that kernel: m08's arithmetic (``combine_splits``), the row stored as m08 stores it,
 then rounded to the model's dtype and written as ``int16_x`` would write it (``store_int16_groups``), so the
 integers are the same to the bit. ``IntegerHeadsAttention`` is m10's graph attention with that combine, used
 when the decoder asks for it (``epilogue_layers.py``: where o_proj multiplies on ``dp4a``); a step whose
-attention is not split (no combine) or whose heads are not whole groups keeps the conversion launch.
+attention is not split (no combine) or whose heads are not whole groups keeps the conversion launch. On the
+H200 the batch-1 step of Qwen3-8B's shape took 2.302 ms against 2.368 with the launch, 2.17x bf16 against 2.11x
+(call 91, ``results/h200/m13_step_times+integer-heads.json``).
 """
 
 from __future__ import annotations
