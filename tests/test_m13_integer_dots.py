@@ -145,8 +145,9 @@ def test_a_gemv_given_xs_words_multiplies_them_instead_of_converting():
 
 def test_norms_before_dp4a_gemvs_hand_them_their_integers(monkeypatch):
     """m13's decode graphs' decoder at one row of bf16, int4 on the Triton kernels: with each norm before q/k/v
-    and gate_up writing their x as integers, the conversions per step drop from four a layer to two (o_proj's
-    and down_proj's x), and the output is the same to the bit as converting before every GEMV."""
+    and gate_up writing their x as integers, and gate_up's GEMV down_proj's, the conversions per step drop from
+    four a layer to one (o_proj's x: attention here is a plain function, with no combine), and the output is the
+    same to the bit as converting before every GEMV."""
     from milestones.m01_naive_loop.loader import build_model, init_random_, preset_config
     from milestones.m13_quantization.epilogue_layers import EpilogueCausalLM
     from milestones.m13_quantization.quantized_loader import quantize_model_
@@ -169,7 +170,7 @@ def test_norms_before_dp4a_gemvs_hand_them_their_integers(monkeypatch):
         with torch.no_grad():  # attention stood in for by q itself: what is checked is the matmuls' x
             outputs[rows] = decoder(torch.tensor([5], device=DEVICE), torch.tensor([3], device=DEVICE),
                                     lambda layer, q, k, v: q), len(conversions)
-    assert outputs[4][1] == 2 * 2 + 1 and outputs[0][1] == 4 * 2  # + layer 0's q/k/v, after the embedding's norm
+    assert outputs[4][1] == 2 * 1 + 1 and outputs[0][1] == 4 * 2  # + layer 0's q/k/v, after the embedding's norm
     assert len(integer_rows) == 3 and all(isinstance(r, IntegerRows) for r in integer_rows)  # the last: the head's
     assert torch.equal(outputs[4][0], outputs[0][0]) and outputs[4][0].dtype == torch.bfloat16
 
@@ -249,6 +250,33 @@ def test_decode_graphs_hand_o_proj_the_combines_integers(monkeypatch):
         with torch.no_grad():
             outputs[name] = decoder(torch.tensor([5], device=DEVICE), torch.tensor([40], device=DEVICE),
                                     attention), len(conversions)
-    assert outputs["launch"][1] == 2 * 2 + 1 and outputs["combine"][1] == 2 * 1 + 1  # + layer 0's q/k/v
+    assert outputs["launch"][1] == 2 * 1 + 1 and outputs["combine"][1] == 2 * 0 + 1  # + layer 0's q/k/v
     assert outputs["unsplit"][1] == outputs["launch"][1]
     assert torch.equal(outputs["combine"][0], outputs["launch"][0])
+
+
+@pytest.mark.parametrize("rows, split_k", [(1, None), (3, None), (2, 2)], ids=["1-row", "3-rows", "2-rows-2-slices"])
+def test_silu_and_muls_gemv_writes_down_projs_integers(rows, split_k):
+    """gate_up's GEMV with SiLU * up, its outputs also written as ``int16_x``'s words: four programs make each
+    group of 128 outputs, and the last to count itself done converts it. The outputs are the plain epilogue's,
+    the words ``int16_x``'s of them, to the bit, and every counter is back at zero; where a group is not whole
+    programs' outputs, the plain tensor comes back."""
+    from milestones.m13_quantization.epilogue_matmuls import quantized_silu_and_mul_int16
+    from milestones.m13_quantization.gemv_epilogues import _Epilogue
+    from milestones.m13_quantization.integer_dots import int16_x_words
+
+    gen = torch.Generator().manual_seed(rows)
+    packed, scales = quantize_int4(torch.randn(2 * 256, 256, generator=gen) * 0.05)
+    packed, scales = tile_int4(packed).to(DEVICE), group_major(scales).to(DEVICE)
+    x = torch.randn(rows, 256, generator=gen).to(torch.bfloat16).to(DEVICE)
+    plain = quantized_silu_and_mul(x, packed, scales, "int4", config=DP4A, split_k=split_k)
+    words = torch.empty((rows, int16_x_words(256)), dtype=torch.int32, device=DEVICE)
+    out = matmul_kernels._gemv(x, packed, scales, rows, 512, 256, True, DP4A, split_k or 1,
+                               _Epilogue("silu_and_mul", words=words))
+    assert torch.equal(out, plain) and torch.equal(words, int16_x(plain))
+    assert matmul_kernels._COUNTERS[DEVICE].eq(0).all()
+    both = quantized_silu_and_mul_int16(x, packed, scales, "int4")
+    assert isinstance(both, IntegerRows) and torch.equal(both.words, int16_x(both.x))
+    odd, odd_scales = quantize_int4(torch.randn(2 * 96, 256, generator=gen) * 0.05)
+    alone = quantized_silu_and_mul_int16(x, odd.to(DEVICE), group_major(odd_scales).to(DEVICE), "int4")
+    assert isinstance(alone, torch.Tensor) and alone.shape == (rows, 96)

@@ -27,7 +27,8 @@ Where the matmul after a norm multiplies x as 16-bit integers (int4's GEMV on ``
 stays a kernel of its own and writes that x too (``integer_norm.py``), so the GEMV needs no conversion launch
 before it: q/k/v and gate_up read ``IntegerRows`` through m12's seams ``project_qkv`` and ``gate_up_silu``. In a
 decode graph o_proj's x comes the same way from the attention's combine (``integer_heads.py``, through m12's
-``attend``); only down_proj's x (and the head's, and layer 0's q/k/v) is still converted by a launch.
+``attend``), and down_proj's from gate_up's GEMV, whose programs count each group of outputs done and the last
+converts it (``SILU_WRITES_INTEGERS``); only the head's x and layer 0's q/k/v's are still converted by a launch.
 """
 
 from __future__ import annotations
@@ -36,9 +37,10 @@ import torch
 from torch import nn
 
 from milestones.m10_cuda_graphs.graph_runner import GraphDecodeAttention
+from milestones.m12_async_scheduling.fused_kernels import add_rms_norm
 from milestones.m12_async_scheduling.fused_layers import FusedCausalLM, FusedQwen3Model
 
-from .epilogue_matmuls import quantized_add_rms_norm, quantized_silu_and_mul
+from .epilogue_matmuls import quantized_add_rms_norm, quantized_silu_and_mul, quantized_silu_and_mul_int16
 from .integer_heads import IntegerHeadsAttention
 from .integer_norm import IntegerRows, add_rms_norm_int16
 from .launch_config import LAUNCH_TABLE, regime
@@ -48,6 +50,7 @@ from .quantize import QuantizedLinear
 
 NORM_EPILOGUE_MAX_ROWS = 1  # the add + norm epilogue's rows of x, at most (measured: above)
 INTEGER_X_MAX_ROWS = 4  # a norm writes 16-bit x for the GEMV after it up to this many rows (0: never)
+SILU_WRITES_INTEGERS = True  # SiLU * up's GEMV writes down_proj's x as 16-bit integers too, where it multiplies them
 
 
 def _on_triton(proj: nn.Module) -> bool:
@@ -62,6 +65,11 @@ def _multiplies_integers(proj: nn.Module | None, rows: int, dtype: torch.dtype) 
     return rows <= INTEGER_X_MAX_ROWS and config.kernel == "gemv" and config.unpack == "dp4a"
 
 
+def _project(proj: nn.Module, x: torch.Tensor, words: torch.Tensor | None) -> torch.Tensor:
+    """``proj(x)``, multiplying ``words`` (x as 16-bit integers, made where x was) where they are given."""
+    return proj(x) if words is None else quantized_matmul(x, proj.qweight, proj.scales, proj.method, x_words=words)
+
+
 class EpilogueQwen3Model(FusedQwen3Model):
     """``FusedQwen3Model`` whose quantized ``gate_up_proj`` finishes SiLU * up in its own kernel, and ``o_proj``
     and ``down_proj`` the add + norm at one row; a norm before a GEMV on ``dp4a`` writes that GEMV's x as
@@ -72,6 +80,7 @@ class EpilogueQwen3Model(FusedQwen3Model):
         # the projection that reads each norm's output (the final norm's reader, the LM head, is outside)
         self.norm_readers = {layer.post_attention_layernorm: layer.mlp.gate_up_proj for layer in self.layers}
         self.norm_readers.update({layer.input_layernorm: layer.self_attn.qkv_proj for layer in self.layers[1:]})
+        self.silu_readers = {layer.mlp.gate_up_proj: layer.mlp.down_proj for layer in self.layers}
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attention) -> torch.Tensor:
         if type(attention) is GraphDecodeAttention:  # a decode graph's: its combine can write o_proj's integers
@@ -95,27 +104,28 @@ class EpilogueQwen3Model(FusedQwen3Model):
     def project_add_norm(self, proj: nn.Module, x: torch.Tensor | IntegerRows, residual: torch.Tensor,
                          norm: nn.Module) -> torch.Tensor | IntegerRows:
         words = None
-        if isinstance(x, IntegerRows):  # o_proj's x from the attention's combine
+        if isinstance(x, IntegerRows):  # o_proj's x from the attention's combine, down_proj's from SiLU * up's GEMV
             x, words = x.x, x.words
         if _multiplies_integers(self.norm_readers.get(norm), x.shape[0], x.dtype):
-            out = proj(x) if words is None else quantized_matmul(x, proj.qweight, proj.scales, proj.method,
-                                                                  x_words=words)
-            return add_rms_norm_int16(out, residual, norm.weight, norm.eps)
+            return add_rms_norm_int16(_project(proj, x, words), residual, norm.weight, norm.eps)
         if not _on_triton(proj) or x.shape[0] > NORM_EPILOGUE_MAX_ROWS:
-            return super().project_add_norm(proj, x, residual, norm)
-        return quantized_add_rms_norm(x, proj.qweight, proj.scales, proj.method, residual, norm.weight, norm.eps)
+            return add_rms_norm(_project(proj, x, words), residual, norm.weight, norm.eps)
+        return quantized_add_rms_norm(x, proj.qweight, proj.scales, proj.method, residual, norm.weight, norm.eps,
+                                      x_words=words)
 
     def project_qkv(self, proj: nn.Module, x: torch.Tensor | IntegerRows) -> torch.Tensor:
         if isinstance(x, IntegerRows):
             return quantized_matmul(x.x, proj.qweight, proj.scales, proj.method, x_words=x.words)
         return super().project_qkv(proj, x)
 
-    def gate_up_silu(self, proj: nn.Module, x: torch.Tensor | IntegerRows) -> torch.Tensor:
+    def gate_up_silu(self, proj: nn.Module, x: torch.Tensor | IntegerRows) -> torch.Tensor | IntegerRows:
         words = None
         if isinstance(x, IntegerRows):
             x, words = x.x, x.words
         if not _on_triton(proj):
             return super().gate_up_silu(proj, x)
+        if SILU_WRITES_INTEGERS and _multiplies_integers(self.silu_readers.get(proj), x.shape[0], x.dtype):
+            return quantized_silu_and_mul_int16(x, proj.qweight, proj.scales, proj.method, x_words=words)
         return quantized_silu_and_mul(x, proj.qweight, proj.scales, proj.method, x_words=words)
 
 

@@ -1,4 +1,5 @@
-"""The GEMV with the kernel after it folded into its finish: ``quantized_silu_and_mul``, ``quantized_add_rms_norm``.
+"""The GEMV with the kernel after it folded into its finish: ``quantized_silu_and_mul`` (``_int16`` also writing its
+outputs as 16-bit integers), ``quantized_add_rms_norm``.
 
 Each call does what m12's decoder does in two (``epilogue_layers.py`` makes the swap). Where the launch is the
 GEMV, with at most ``GEMV_MAX_ROWS`` rows of x and at least two rows of W a program (one SiLU pair), it runs the
@@ -15,8 +16,11 @@ import torch
 from milestones.m12_async_scheduling.fused_kernels import add_rms_norm, silu_and_mul
 
 from .gemv_epilogues import _Epilogue
+from .integer_dots import int16_x_words
+from .integer_norm import IntegerRows
 from .launch_config import QuantMatmulConfig
 from .matmul_kernels import GEMV_MAX_ROWS, _gemv, _plan, quantized_matmul
+from .quantize import GROUP_SIZE
 
 
 def _folds(m: int, config: QuantMatmulConfig) -> bool:
@@ -39,12 +43,27 @@ def quantized_silu_and_mul(x: torch.Tensor, qweight: torch.Tensor, scales: torch
     return _gemv(x, qweight, scales, m, n, k, method == "int4", config, split_k, _Epilogue("silu_and_mul"), x_words)
 
 
+def quantized_silu_and_mul_int16(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, method: str, *,
+                                 x_words: torch.Tensor | None = None) -> torch.Tensor | IntegerRows:
+    """``quantized_silu_and_mul``, with its outputs also as ``int16_x``'s words (for a GEMV on ``dp4a`` after it)
+    where the GEMV's programs can write them (each group of 128 outputs whole programs'): then ``IntegerRows``."""
+    m, n, k, config, split_k = _plan(x, qweight, scales, method, None, None)
+    per_block = config.block_n // 2
+    if n % 2 or not _folds(m, config) or GROUP_SIZE % per_block or (n // 2) % GROUP_SIZE:
+        return quantized_silu_and_mul(x, qweight, scales, method, x_words=x_words)
+    words = torch.empty((m, int16_x_words(n // 2)), dtype=torch.int32, device=x.device)
+    out = _gemv(x, qweight, scales, m, n, k, method == "int4", config, split_k,
+                _Epilogue("silu_and_mul", words=words), x_words)
+    return IntegerRows(out, words)
+
+
 def quantized_add_rms_norm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, method: str,
                            residual: torch.Tensor, norm_weight: torch.Tensor, eps: float, *,
-                           config: QuantMatmulConfig | None = None, split_k: int | None = None) -> torch.Tensor:
+                           config: QuantMatmulConfig | None = None, split_k: int | None = None,
+                           x_words: torch.Tensor | None = None) -> torch.Tensor:
     """``residual += x @ W^T`` (in place, in ``residual``'s dtype); returns ``RMSNorm(residual) * norm_weight``,
     m12's ``add_rms_norm`` after the matmul. In the GEMV's finishing programs (``gemv_epilogues.py``); at more
-    rows, the matmul and then m12's kernel."""
+    rows, the matmul and then m12's kernel. ``x_words``: as ``quantized_matmul`` takes it."""
     m, n, k, config, split_k = _plan(x, qweight, scales, method, config, split_k)
     if (tuple(residual.shape) != (m, n) or residual.dtype != x.dtype or not residual.is_contiguous()
             or tuple(norm_weight.shape) != (n,) or not norm_weight.is_contiguous()
@@ -53,7 +72,7 @@ def quantized_add_rms_norm(x: torch.Tensor, qweight: torch.Tensor, scales: torch
                          f"contiguous, and a contiguous norm weight [{n}], on x's device; got residual "
                          f"{residual.dtype} {tuple(residual.shape)}, norm weight {tuple(norm_weight.shape)}")
     if not _folds(m, config):
-        return add_rms_norm(quantized_matmul(x, qweight, scales, method, config=config, split_k=split_k), residual,
-                            norm_weight, eps)
+        return add_rms_norm(quantized_matmul(x, qweight, scales, method, config=config, split_k=split_k,
+                                             x_words=x_words), residual, norm_weight, eps)
     return _gemv(x, qweight, scales, m, n, k, method == "int4", config, split_k,
-                 _Epilogue("add_rms_norm", residual, norm_weight, eps))
+                 _Epilogue("add_rms_norm", residual, norm_weight, eps), x_words)

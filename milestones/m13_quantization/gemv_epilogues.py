@@ -11,6 +11,9 @@ kernel after it can be done there, with no launch of its own:
   reordered in memory: the program's rows are simply not contiguous (``pair_rows``). The gate and up values are
   rounded to the activations' dtype first, as the unfused path stores them: in bf16 or fp16 the result is the
   same to the bit (in float32 a compiler may contract a product into a fused multiply-add differently).
+  Where down_proj multiplies its x as 16-bit integers (``dp4a``), the outputs are also written as ``int16_x``'s
+  words: each group of 128 outputs is made by a few programs, which count themselves done on the group's counter,
+  and the last of them reads the group back and converts it (``words_when_group_done``).
 * ``add_rms_norm`` (after ``o_proj`` and ``down_proj``): the norm needs every output, so it is finished in two
   parts. Each finishing program adds its block into the residual stream (in place, rounded as the unfused
   addition is) and writes its block's sum of squares; then it counts itself done, and the last to count (an
@@ -34,6 +37,8 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
+
+from .integer_dots import store_int16_groups
 
 SILU_AND_MUL = tl.constexpr(1)
 ADD_RMS_NORM = tl.constexpr(2)
@@ -71,6 +76,27 @@ def finish_row(total, r, lanes, ok, N, out_ptr, stride_om, res_ptr, stride_rm, s
         tl.store(sq_ptr + r * tl.num_programs(0) + tl.program_id(0), tl.sum(s * s, axis=0))
     else:
         tl.store(out_ptr + r * stride_om + lanes, total.to(dtype), mask=ok)
+
+
+@triton.jit
+def words_when_group_done(out_ptr, stride_om, words_ptr, stride_wm, count_ptr, N, ROWS: tl.constexpr,
+                          PER_BLOCK: tl.constexpr, GROUP: tl.constexpr):
+    """``SILU_AND_MUL`` writing words, after a finishing program has stored its ``PER_BLOCK`` outputs of every
+    row: it counts itself done on its group's counter (``count_ptr``, zero between launches), and the last of the
+    group's ``GROUP // PER_BLOCK`` programs reads the group's outputs back and writes them as ``int16_x``'s words
+    (the same integers ``int16_x`` writes from them), then sets the counter back to zero."""
+    PROGRAMS: tl.constexpr = GROUP // PER_BLOCK
+    group = tl.program_id(0) // PROGRAMS
+    tl.debug_barrier()  # every thread's outputs are written before the count (release)
+    done_before = tl.atomic_add(count_ptr + group, 1, sem="acq_rel")
+    if done_before == PROGRAMS - 1:
+        groups = group + tl.arange(0, 1)
+        cols = group * GROUP + tl.arange(0, GROUP)
+        for r in tl.static_range(ROWS):
+            x = tl.load(out_ptr + r * stride_om + cols, cache_modifier=".cg").to(tl.float32)
+            store_int16_groups(tl.reshape(x, [1, GROUP]), groups, groups < N // GROUP, words_ptr + r * stride_wm,
+                               N, 1, GROUP)
+        tl.atomic_xchg(count_ptr + group, 0, sem="relaxed")  # ready for the next launch (or graph replay)
 
 
 @triton.jit
@@ -119,12 +145,14 @@ def epilogue_index(name: str) -> int:
 @dataclass(frozen=True)
 class _Epilogue:
     """What the GEMV's finishing programs do with their sums: ``name`` one of ``EPILOGUES``; ``add_rms_norm``
-    also takes the residual stream (updated in place) and the norm."""
+    also takes the residual stream (updated in place) and the norm; ``silu_and_mul`` may take ``words``
+    (``[M, int16_x_words(N)]`` int32), which receive its outputs as 16-bit integers."""
 
     name: str = "none"
     residual: torch.Tensor | None = None
     norm_weight: torch.Tensor | None = None
     eps: float = 0.0
+    words: torch.Tensor | None = None
 
 
 def _norm_constants(epilogue: str, outputs: int, blocks: int, m: int) -> dict[str, int | bool]:

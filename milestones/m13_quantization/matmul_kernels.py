@@ -56,7 +56,7 @@ from milestones.m08_triton_kernel.launch_config import sm_count
 
 from .dequant_matmul import _dequant_then_cublas
 from .gemv_epilogues import (ADD_RMS_NORM, SILU_AND_MUL, _Epilogue, _norm_constants, epilogue_index, finish_row,
-                             norm_when_last, pair_rows)
+                             norm_when_last, pair_rows, words_when_group_done)
 from .launch_config import UNPACK_MODES, QuantMatmulConfig, choose_launch, choose_split_k, fits_method
 from .quantize import GROUP_SIZE, QUANTIZATION_METHODS, TILE_ROWS
 from .swap_ab_matmul import swap_ab_matmul
@@ -103,13 +103,13 @@ def _add_slices(part_ptr, lanes, ok, num_slices, stride_part):
 @device_kernel
 @triton.jit
 def _quantized_gemv_kernel(
-    x_ptr, w_ptr, s_ptr, out_ptr, part_ptr, count_ptr, res_ptr, norm_w_ptr, sq_ptr,
+    x_ptr, w_ptr, s_ptr, out_ptr, part_ptr, count_ptr, res_ptr, norm_w_ptr, sq_ptr, words_ptr,
     N, K, k_per_split, eps,
-    stride_xm, stride_wn, stride_sn, stride_sg, stride_om, stride_rm,
+    stride_xm, stride_wn, stride_sn, stride_sg, stride_om, stride_rm, stride_wm,
     INT4: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP: tl.constexpr, UNPACK: tl.constexpr, SPLIT: tl.constexpr, EVEN: tl.constexpr, DEFER_SUM: tl.constexpr,
     NUM_STAGES: tl.constexpr, TILED: tl.constexpr, EPILOGUE: tl.constexpr, NORM_N: tl.constexpr,
-    NORM_WHOLE: tl.constexpr, BLOCKS_N: tl.constexpr, PTX: tl.constexpr,
+    NORM_WHOLE: tl.constexpr, BLOCKS_N: tl.constexpr, X_WORDS: tl.constexpr, PTX: tl.constexpr,
 ):
     """One program: output rows [pid_n * BLOCK_N, +BLOCK_N) for the ``ROWS`` (1-4) rows of x, over its slice of K.
 
@@ -248,6 +248,7 @@ def _quantized_gemv_kernel(
     if ROWS > 3:
         acc3 = _row_sums(acc3, row_scale, DEFER_SUM, SCALE)
     blocks = tl.num_programs(0)
+    word_counts = count_ptr + blocks + 1  # X_WORDS: a counter per group of outputs, after the norm's
     if SPLIT:
         num_slices = tl.num_programs(1)
         part_n = blocks * BLOCK_N
@@ -269,6 +270,9 @@ def _quantized_gemv_kernel(
                 finish_row(total, r, lanes, col_ok, N, out_ptr, stride_om, res_ptr, stride_rm, sq_ptr, EPILOGUE,
                            BLOCK_N)
             tl.atomic_xchg(count_ptr + pid_n, 0, sem="relaxed")  # ready for the next launch (or graph replay)
+            if X_WORDS:
+                words_when_group_done(out_ptr, stride_om, words_ptr, stride_wm, word_counts, N, ROWS, BLOCK_N // 2,
+                                      GROUP)
             if EPILOGUE == ADD_RMS_NORM:
                 norm_when_last(out_ptr, stride_om, res_ptr, stride_rm, norm_w_ptr, sq_ptr, count_ptr + blocks, N,
                                eps, ROWS, NORM_N, NORM_WHOLE, BLOCKS_N)
@@ -280,6 +284,8 @@ def _quantized_gemv_kernel(
             finish_row(acc2, 2, lanes, col_ok, N, out_ptr, stride_om, res_ptr, stride_rm, sq_ptr, EPILOGUE, BLOCK_N)
         if ROWS > 3:
             finish_row(acc3, 3, lanes, col_ok, N, out_ptr, stride_om, res_ptr, stride_rm, sq_ptr, EPILOGUE, BLOCK_N)
+        if X_WORDS:
+            words_when_group_done(out_ptr, stride_om, words_ptr, stride_wm, word_counts, N, ROWS, BLOCK_N // 2, GROUP)
         if EPILOGUE == ADD_RMS_NORM:
             norm_when_last(out_ptr, stride_om, res_ptr, stride_rm, norm_w_ptr, sq_ptr, count_ptr + blocks, N, eps,
                            ROWS, NORM_N, NORM_WHOLE, BLOCKS_N)
@@ -475,11 +481,17 @@ def _gemv(x, qweight, scales, m, n, k, int4, config, split_k, epilogue: _Epilogu
     per_block = config.block_n // 2 if silu else config.block_n
     blocks = triton.cdiv(outputs, per_block)
     out = x.new_empty((m, outputs))
-    partial_sums = counters = squares = out  # not read unless split, or normalised (see the kernel's docstring)
+    partial_sums = counters = squares = words_out = out  # not read unless split, normalised or writing words
     if split_k > 1:  # each slice's float32 sums, and a counter per row block
         partial_sums = torch.empty((split_k, m, blocks * config.block_n), dtype=torch.float32, device=x.device)
-    if split_k > 1 or epilogue.name == "add_rms_norm":  # the norm counts the blocks after the row blocks' counts
-        counters = _split_counters(x.device, blocks + 1)
+    x_words_out = silu and epilogue.words is not None  # SiLU * up's outputs as 16-bit integers too
+    if x_words_out:
+        words_out = _checked_words(epilogue.words, m, outputs, x.device)
+        if GROUP_SIZE % per_block or outputs % GROUP_SIZE:
+            raise ValueError(f"silu_and_mul writes words only where each group of {GROUP_SIZE} outputs is whole "
+                             f"programs' ({per_block} outputs a program, {outputs} outputs)")
+    if split_k > 1 or epilogue.name == "add_rms_norm" or x_words_out:  # after the row blocks': the norm's, the groups'
+        counters = _split_counters(x.device, blocks + 1 + (outputs // GROUP_SIZE if x_words_out else 0))
     residual = norm_weight = out
     if epilogue.name == "add_rms_norm":
         residual, norm_weight = epilogue.residual, epilogue.norm_weight
@@ -496,14 +508,15 @@ def _gemv(x, qweight, scales, m, n, k, int4, config, split_k, epilogue: _Epilogu
     width = GROUP_SIZE // 8 if words else GROUP_SIZE // 2 if int4 else config.block_k  # elements a row load reads
     per_thread = m * config.block_n * width // (32 * config.num_warps)  # the deferred sums' registers
     _quantized_gemv_kernel[(blocks, split_k)](
-        x_in, qweight, scales, out, partial_sums, counters, residual, norm_weight, squares, outputs, k, k_per_split,
-        epilogue.eps, x_in.stride(0), qweight.stride(0), scales.stride(0), scales.stride(-1), out.stride(0),
-        residual.stride(0),
+        x_in, qweight, scales, out, partial_sums, counters, residual, norm_weight, squares, words_out, outputs, k,
+        k_per_split, epilogue.eps, x_in.stride(0), qweight.stride(0), scales.stride(0), scales.stride(-1),
+        out.stride(0), residual.stride(0), words_out.stride(0),
         INT4=int4, ROWS=m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP=GROUP_SIZE,
         UNPACK=UNPACK_MODES.index(config.unpack), SPLIT=split_k > 1, EVEN=even,
         DEFER_SUM=config.defer_sum and per_thread <= MAX_DEFERRED_PER_THREAD,
         NUM_STAGES=config.num_stages, TILED=qweight.dim() == 4, EPILOGUE=epilogue_index(epilogue.name),
-        **_norm_constants(epilogue.name, outputs, blocks, m), PTX=not runs_interpreted(x.device),
+        **_norm_constants(epilogue.name, outputs, blocks, m), X_WORDS=x_words_out,
+        PTX=not runs_interpreted(x.device),
         num_warps=config.num_warps,
     )
     return out
