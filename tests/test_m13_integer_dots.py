@@ -274,7 +274,7 @@ def test_silu_and_muls_gemv_writes_down_projs_integers(rows, split_k):
     out = matmul_kernels._gemv(x, packed, scales, rows, 512, 256, True, DP4A, split_k or 1,
                                _Epilogue("silu_and_mul", words=words))
     assert torch.equal(out, plain) and torch.equal(words, int16_x(plain))
-    assert matmul_kernels._COUNTERS[DEVICE].eq(0).all()
+    assert matmul_kernels._COUNTERS[x.device].eq(0).all()
     both = quantized_silu_and_mul_int16(x, packed, scales, "int4")
     assert isinstance(both, IntegerRows) and torch.equal(both.words, int16_x(both.x))
     odd, odd_scales = quantize_int4(torch.randn(2 * 96, 256, generator=gen) * 0.05)

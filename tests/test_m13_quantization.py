@@ -642,7 +642,7 @@ def test_the_triton_kernels_and_graphs_give_the_torch_paths_logits(groupable_che
     folded = []  # rows of x of each add + norm done in a GEMV's finish (epilogue_layers: at one row)
     fold = epilogue_layers.quantized_add_rms_norm
     monkeypatch.setattr(epilogue_layers, "quantized_add_rms_norm",
-                        lambda x, *args: folded.append(x.shape[0]) or fold(x, *args))
+                        lambda x, *args, **kwargs: folded.append(x.shape[0]) or fold(x, *args, **kwargs))
     for batch in (prompts, prompts[:1]):  # decode steps at 2 rows, then at 1
         forced = continuations[:len(batch)]
         error = logit_error(forced_logits(torch_path, batch, forced), forced_logits(triton_path, batch, forced))

@@ -28,7 +28,8 @@ stays a kernel of its own and writes that x too (``integer_norm.py``), so the GE
 before it: q/k/v and gate_up read ``IntegerRows`` through m12's seams ``project_qkv`` and ``gate_up_silu``. In a
 decode graph o_proj's x comes the same way from the attention's combine (``integer_heads.py``, through m12's
 ``attend``), and down_proj's from gate_up's GEMV, whose programs count each group of outputs done and the last
-converts it (``SILU_WRITES_INTEGERS``); only the head's x and layer 0's q/k/v's are still converted by a launch.
+converts it, at one row (``SILU_WORDS_MAX_ROWS``); the head's x and layer 0's q/k/v's are still converted by a
+launch.
 """
 
 from __future__ import annotations
@@ -50,7 +51,10 @@ from .quantize import QuantizedLinear
 
 NORM_EPILOGUE_MAX_ROWS = 1  # the add + norm epilogue's rows of x, at most (measured: above)
 INTEGER_X_MAX_ROWS = 4  # a norm writes 16-bit x for the GEMV after it up to this many rows (0: never)
-SILU_WRITES_INTEGERS = True  # SiLU * up's GEMV writes down_proj's x as 16-bit integers too, where it multiplies them
+# SiLU * up's GEMV writes down_proj's x as 16-bit integers too, where down_proj multiplies them, up to this many
+# rows: on the H200 the step took 18 µs less at one row and 31 and 81 µs more at two and four, where each
+# group's last program reads its rows back (results/h200/m13_step_times+silu-words.json)
+SILU_WORDS_MAX_ROWS = 1
 
 
 def _on_triton(proj: nn.Module) -> bool:
@@ -124,7 +128,8 @@ class EpilogueQwen3Model(FusedQwen3Model):
             x, words = x.x, x.words
         if not _on_triton(proj):
             return super().gate_up_silu(proj, x)
-        if SILU_WRITES_INTEGERS and _multiplies_integers(self.silu_readers.get(proj), x.shape[0], x.dtype):
+        if x.shape[0] <= SILU_WORDS_MAX_ROWS and _multiplies_integers(self.silu_readers.get(proj), x.shape[0],
+                                                                      x.dtype):
             return quantized_silu_and_mul_int16(x, proj.qweight, proj.scales, proj.method, x_words=words)
         return quantized_silu_and_mul(x, proj.qweight, proj.scales, proj.method, x_words=words)
 
