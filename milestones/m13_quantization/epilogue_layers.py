@@ -50,7 +50,7 @@ from .quantize import QuantizedLinear
 
 
 NORM_EPILOGUE_MAX_ROWS = 1  # the add + norm epilogue's rows of x, at most (measured: above)
-INTEGER_X_MAX_ROWS = 4  # a norm writes 16-bit x for the GEMV after it up to this many rows (0: never)
+INTEGER_X_MAX_ROWS = 4  # x made 16-bit where it is made (norms, combine, gate_up) up to this many rows (0: never)
 # SiLU * up's GEMV writes down_proj's x as 16-bit integers too, where down_proj multiplies them, up to this many
 # rows: on the H200 the step took 18 µs less at one row and 31 and 81 µs more at two and four, where each
 # group's last program reads its rows back (results/h200/m13_step_times+silu-words.json)
@@ -76,8 +76,8 @@ def _project(proj: nn.Module, x: torch.Tensor, words: torch.Tensor | None) -> to
 
 class EpilogueQwen3Model(FusedQwen3Model):
     """``FusedQwen3Model`` whose quantized ``gate_up_proj`` finishes SiLU * up in its own kernel, and ``o_proj``
-    and ``down_proj`` the add + norm at one row; a norm before a GEMV on ``dp4a`` writes that GEMV's x as
-    integers too."""
+    and ``down_proj`` the add + norm at one row, unless the GEMV after the norm is on ``dp4a``: then the norm
+    writes that GEMV's x as integers too (as the combine does o_proj's, and gate_up's GEMV down_proj's)."""
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__(model)

@@ -1,16 +1,16 @@
 """Attention's output made integers where it is made: o_proj's x without a conversion launch.
 
-int4's GEMV on ``dp4a`` reads x as 16-bit integers per group of 128 inputs (``integer_dots.py``). q/k/v and
-gate_up get theirs from the norm before them (``integer_norm.py``); o_proj's x is the attention's output, and
-until here a launch of its own converted it. At batch 1 on the H200 the step's 74 such launches cost 0.12 ms,
-about 1.6 µs each (call 89, ``results/h200/m13_step_times+gemv-floor-5.json``).
+int4's GEMV on ``dp4a`` reads x as 16-bit integers per group of 128 inputs (``integer_dots.py``). q/k/v (but
+layer 0's) and gate_up get theirs from the norm before them (``integer_norm.py``); o_proj's x is the attention's
+output, converted until here by a launch of its own. At batch 1 on the H200 the step's 74 conversion launches (36
+of them o_proj's) cost 0.12 ms, 1.6 µs each (call 89, ``results/h200/m13_step_times+gemv-floor-5.json``).
 
 In a decode graph the attention ends in m08's combine: one program per (sequence, query head) weighs the K
 slices' partial outputs into that head's row. A head of 128 dimensions (Qwen3's) is one group of o_proj's
 input, so the program that makes it holds everything the conversion needs::
 
-    m08:  out[seq, head] = combine(partials)                      then  int16_x(out)   (a launch per layer)
-    here: out[seq, head] = combine(partials); words[seq, group head] = int16(out)   (the same program)
+    before: out[seq, head] = combine(partials)    (m08's kernel), then int16_x(out)   (m13's launch, per layer)
+    here:   out[seq, head] = combine(partials); words[seq, the head's groups] = int16_x's words of it   (one program)
 
 ``_combine_to_integers_kernel`` is that kernel: m08's arithmetic (``combine_splits``), the row stored as m08 stores it,
 then rounded to the model's dtype and written as ``int16_x`` would write it (``store_int16_groups``), so the
