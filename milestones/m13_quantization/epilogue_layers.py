@@ -87,22 +87,15 @@ class EpilogueQwen3Model(FusedQwen3Model):
         self.silu_readers = {layer.mlp.gate_up_proj: layer.mlp.down_proj for layer in self.layers}
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attention) -> torch.Tensor:
-        if type(attention) is GraphDecodeAttention:  # a decode graph's: its combine can write o_proj's integers
-            attention = IntegerHeadsAttention.like(attention)
+        o_proj, dtype = self.layers[0].self_attn.o_proj, self.embed_tokens.weight.dtype
+        if type(attention) is GraphDecodeAttention and _multiplies_integers(o_proj, len(input_ids), dtype):
+            attention = IntegerHeadsAttention.like(attention)  # a decode graph's: its combine writes o_proj's x
         return super().forward(input_ids, positions, attention)
 
     def attend(self, attn: nn.Module, x: torch.Tensor | IntegerRows, positions: torch.Tensor,
                attention) -> torch.Tensor | IntegerRows:
-        rows = x.x if isinstance(x, IntegerRows) else x
-        if not (isinstance(attention, IntegerHeadsAttention)
-                and _multiplies_integers(attn.o_proj, rows.shape[0], rows.dtype)):
-            return super().attend(attn, x, positions, attention)
-        attention.wants_words = True
-        try:
-            heads = super().attend(attn, x, positions, attention)
-        finally:
-            attention.wants_words = False
-        words, attention.words = attention.words, None
+        heads = super().attend(attn, x, positions, attention)
+        words = attention.take_words() if isinstance(attention, IntegerHeadsAttention) else None
         return heads if words is None else IntegerRows(heads, words)
 
     def project_add_norm(self, proj: nn.Module, x: torch.Tensor | IntegerRows, residual: torch.Tensor,
@@ -119,7 +112,7 @@ class EpilogueQwen3Model(FusedQwen3Model):
 
     def project_qkv(self, proj: nn.Module, x: torch.Tensor | IntegerRows) -> torch.Tensor:
         if isinstance(x, IntegerRows):
-            return quantized_matmul(x.x, proj.qweight, proj.scales, proj.method, x_words=x.words)
+            return _project(proj, x.x, x.words)
         return super().project_qkv(proj, x)
 
     def gate_up_silu(self, proj: nn.Module, x: torch.Tensor | IntegerRows) -> torch.Tensor | IntegerRows:

@@ -14,8 +14,8 @@ input, so the program that makes it holds everything the conversion needs::
 
 ``_combine_to_integers_kernel`` is that kernel: m08's arithmetic (``combine_splits``), the row stored as m08 stores it,
 then rounded to the model's dtype and written as ``int16_x`` would write it (``store_int16_groups``), so the
-integers are the same to the bit. ``IntegerHeadsAttention`` is m10's graph attention with that combine, used
-when the decoder asks for it (``epilogue_layers.py``: where o_proj multiplies on ``dp4a``); a step whose
+integers are the same to the bit. ``IntegerHeadsAttention`` is m10's graph attention with that combine, which
+the decoder puts in its place where o_proj multiplies on ``dp4a`` (``epilogue_layers.py``); a step whose
 attention is not split (no combine) or whose heads are not whole groups keeps the conversion launch. On the
 H200 the batch-1 step of Qwen3-8B's shape took 2.302 ms against 2.368 with the launch, 2.17x bf16 against 2.11x
 (call 91, ``results/h200/m13_step_times+integer-heads.json``).
@@ -59,14 +59,12 @@ def heads_are_groups(head_dim: int) -> bool:
 
 
 class IntegerHeadsAttention(GraphDecodeAttention):
-    """m10's graph attention whose combine also writes its output as ``int16_x``'s words, when asked.
-
-    The decoder sets ``wants_words`` around a layer's attention and takes ``words`` after it (None where the
-    step's attention was not split, so no combine ran)."""
+    """m10's graph attention whose combine also writes its output as ``int16_x``'s words: the decoder takes them
+    after each layer's attention (``take_words``: None where the step's attention was not split, so no combine
+    ran, or its heads are not whole groups)."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.wants_words = False
         self.words: torch.Tensor | None = None
 
     @classmethod
@@ -77,9 +75,14 @@ class IntegerHeadsAttention(GraphDecodeAttention):
 
     def decode(self, layer_idx: int, q: torch.Tensor, **options) -> torch.Tensor:
         self.words = None
-        if not self.wants_words or not heads_are_groups(q.shape[-1]):
+        if not heads_are_groups(q.shape[-1]):
             return super().decode(layer_idx, q, **options)
         return super().decode(layer_idx, q, combine=self.combine, **options)
+
+    def take_words(self) -> torch.Tensor | None:
+        """The last layer's words, once."""
+        words, self.words = self.words, None
+        return words
 
     def combine(self, partial: torch.Tensor, lse: torch.Tensor, out: torch.Tensor, num_splits: int) -> None:
         """``paged_decode_attention``'s ``combine``: ``out`` ``[B, heads, dim]``, and ``words`` beside it."""
