@@ -280,3 +280,90 @@ def test_silu_and_muls_gemv_writes_down_projs_integers(rows, split_k):
     odd, odd_scales = quantize_int4(torch.randn(2 * 96, 256, generator=gen) * 0.05)
     alone = quantized_silu_and_mul_int16(x, odd.to(DEVICE), group_major(odd_scales).to(DEVICE), "int4")
     assert isinstance(alone, torch.Tensor) and alone.shape == (rows, 96)
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+def test_the_norm_adds_the_slices_a_split_gemv_leaves(rows):
+    """o_proj's and down_proj's GEMV may leave its K slices' sums unadded, for the norm after it to add: the
+    residual, the output and the words are those of the GEMV that finishes its own sums, to the bit, and no
+    counter is touched. A launch that does not split gives its output as it is."""
+    from milestones.m13_quantization.epilogue_matmuls import quantized_matmul_slices
+    from milestones.m13_quantization.sliced_sums import SlicedSums
+
+    gen = torch.Generator().manual_seed(rows)
+    packed, scales = quantize_int4(torch.randn(256, 768, generator=gen) * 0.05)  # 3 steps of K: 3 slices here
+    packed, scales = tile_int4(packed).to(DEVICE), group_major(scales).to(DEVICE)
+    x, residual = (torch.randn(rows, d, generator=gen).to(torch.bfloat16).to(DEVICE) for d in (768, 256))
+    weight = torch.rand(256, generator=gen).to(torch.bfloat16).to(DEVICE)
+    sums = quantized_matmul_slices(x, packed, scales, "int4", x_words=int16_x(x))
+    assert isinstance(sums, SlicedSums) and sums.parts.shape[:2] == (3, rows)
+    assert matmul_kernels._COUNTERS.get(x.device) is None or matmul_kernels._COUNTERS[x.device].eq(0).all()
+    streams = residual.clone()
+    expected = add_rms_norm_int16(quantized_matmul(x, packed, scales, "int4"), streams, weight, 1e-6)
+    got = add_rms_norm_int16(sums, residual, weight, 1e-6)
+    assert torch.equal(residual, streams) and torch.equal(got.x, expected.x) and torch.equal(got.words, expected.words)
+    short, short_scales = quantize_int4(torch.randn(256, 256, generator=gen) * 0.05)
+    whole = quantized_matmul_slices(x[:, :256].contiguous(), tile_int4(short).to(DEVICE),
+                                    group_major(short_scales).to(DEVICE), "int4")
+    assert isinstance(whole, torch.Tensor) and whole.shape == (rows, 256)  # one step of K: nothing to add
+    with pytest.raises(ValueError, match="float32 slices"):
+        add_rms_norm_int16(SlicedSums(sums.parts, torch.float16), residual, weight, 1e-6)
+    with pytest.raises(ValueError, match="leaves its slices unadded only"):
+        matmul_kernels._gemv(x, packed, scales, rows, 256, 768, True, DP4A, 3,
+                             matmul_kernels._Epilogue("silu_and_mul"), leave_slices=True)
+
+
+def test_q_k_norm_rope_adds_the_slices_q_k_v_leaves():
+    """q/k/v's GEMV leaves its slices for q/k norm + RoPE to add: q, k and v are m12's kernel's (and v the
+    projection's own columns) after the GEMV that finishes its sums, to the bit."""
+    from milestones.m01_naive_loop.model import RotaryEmbedding
+    from milestones.m12_async_scheduling.fused_kernels import qk_norm_rope
+    from milestones.m13_quantization.epilogue_matmuls import quantized_matmul_slices
+    from milestones.m13_quantization.sliced_sums import SlicedSums, sliced_qk_norm_rope
+
+    heads, kv_heads, dim = 4, 2, 64
+    gen = torch.Generator().manual_seed(3)
+    packed, scales = quantize_int4(torch.randn((heads + 2 * kv_heads) * dim, 512, generator=gen) * 0.05)
+    packed, scales = tile_int4(packed).to(DEVICE), group_major(scales).to(DEVICE)
+    x = torch.randn(2, 512, generator=gen).to(torch.bfloat16).to(DEVICE)
+    norm_weight = torch.rand(heads + kv_heads, dim, generator=gen).to(torch.bfloat16).to(DEVICE)
+    rope = RotaryEmbedding(dim, 64, 1e6).to(DEVICE, torch.bfloat16)
+    positions = torch.tensor([3, 17], device=DEVICE)
+    sums = quantized_matmul_slices(x, packed, scales, "int4")
+    assert isinstance(sums, SlicedSums) and sums.parts.shape[0] == 2
+    got = sliced_qk_norm_rope(sums, heads, kv_heads, dim, norm_weight, rope.cos, rope.signed_sin, positions, 1e-6)
+    qkv = quantized_matmul(x, packed, scales, "int4")
+    q, k = qk_norm_rope(qkv, heads, kv_heads, dim, norm_weight, rope.cos, rope.signed_sin, positions, 1e-6)
+    v = qkv[:, (heads + kv_heads) * dim:].view(2, kv_heads, dim)
+    assert all(torch.equal(a, b) for a, b in zip(got, (q, k, v)))
+
+
+def test_the_decoders_readers_add_its_gemvs_slices(monkeypatch):
+    """The decoder at one row, int4 on dp4a, with q/k/v, o_proj and down_proj long enough in K to be cut into
+    slices: the kernels after them add the slices, and the output is the same to the bit as with the GEMVs
+    adding them."""
+    from milestones.m01_naive_loop.loader import build_model, init_random_, preset_config
+    from milestones.m13_quantization import epilogue_matmuls
+    from milestones.m13_quantization.epilogue_layers import EpilogueCausalLM
+    from milestones.m13_quantization.quantized_loader import quantize_model_
+    from milestones.m13_quantization.sliced_sums import SlicedSums
+
+    config = preset_config("tiny")
+    config.num_hidden_layers, config.num_attention_heads, config.num_key_value_heads = 2, 4, 1
+    config.hidden_size, config.head_dim, config.intermediate_size = 512, 128, 768  # K: 512, 512 and 768
+    model = build_model(config, DEVICE, torch.bfloat16)
+    init_random_(model, 0, std=config.initializer_range)
+    decoder = EpilogueCausalLM(quantize_model_(model, "int4", "triton"))
+    left, leave = [], epilogue_matmuls.quantized_matmul_slices
+    monkeypatch.setattr(epilogue_layers, "quantized_matmul_slices",
+                        lambda *args, **kw: left.append(leave(*args, **kw)) or left[-1])
+    outputs = {}
+    for rows in (4, 0):  # the readers add the slices up to 4 rows of x; then never
+        monkeypatch.setattr(epilogue_layers, "NORM_ADDS_SLICES_MAX_ROWS", rows)
+        monkeypatch.setattr(epilogue_layers, "ROPE_ADDS_SLICES_MAX_ROWS", rows)
+        with torch.no_grad():  # attention stood in for by q and v
+            outputs[rows] = decoder(torch.tensor([5], device=DEVICE), torch.tensor([3], device=DEVICE),
+                                    lambda layer, q, k, v: q + v.repeat_interleave(4, dim=1) + k.sum())
+    # q/k/v, o_proj, down_proj, then q/k/v and o_proj (the last layer's norm is the head's: no integers)
+    assert [isinstance(sums, SlicedSums) for sums in left] == [True] * 5
+    assert torch.equal(outputs[4], outputs[0])

@@ -37,8 +37,16 @@ def _add_rms_norm_kernel(x_ptr, residual_ptr, weight_ptr, out_ptr, eps, D: tl.co
 def add_rms_norm_row(x_ptr, residual_ptr, weight_ptr, out_ptr, row, eps, D: tl.constexpr, BLOCK: tl.constexpr):
     """One row of ``add_rms_norm``; returns the normalised row as stored (``BLOCK`` values, zeros past ``D``)."""
     cols = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + row * D + cols, mask=cols < D, other=0.0)
+    return add_rms_norm_values(x, residual_ptr, weight_ptr, out_ptr, row, eps, D, BLOCK)
+
+
+@triton.jit
+def add_rms_norm_values(x, residual_ptr, weight_ptr, out_ptr, row, eps, D: tl.constexpr, BLOCK: tl.constexpr):
+    """``add_rms_norm_row`` of a row already loaded (``x``: ``BLOCK`` values, zeros past ``D``; a seam: m13's
+    norm adds a split matmul's slices into it first)."""
+    cols = tl.arange(0, BLOCK)
     mask = cols < D
-    x = tl.load(x_ptr + row * D + cols, mask=mask, other=0.0)
     summed = (x.to(tl.float32) + tl.load(residual_ptr + row * D + cols, mask=mask, other=0.0).to(tl.float32))
     summed = summed.to(x.dtype)  # the residual stream keeps the model's dtype
     tl.store(residual_ptr + row * D + cols, summed, mask=mask)
@@ -70,8 +78,18 @@ def _qk_norm_rope_kernel(qkv_ptr, weight_ptr, cos_ptr, sin_ptr, positions_ptr, q
     head = tl.program_id(1)  # 0..HEADS-1: query heads; then the K/V heads
     first = tl.arange(0, HALF)
     row = qkv_ptr + token * stride_qkv + head * DIM
-    x1 = tl.load(row + first).to(tl.float32)
-    x2 = tl.load(row + HALF + first).to(tl.float32)
+    qk_norm_rope_head(tl.load(row + first), tl.load(row + HALF + first), token, head, weight_ptr, cos_ptr, sin_ptr,
+                      positions_ptr, q_ptr, k_ptr, eps, stride_table, tl.num_programs(1) - HEADS, HEADS, DIM, HALF)
+
+
+@triton.jit
+def qk_norm_rope_head(x1, x2, token, head, weight_ptr, cos_ptr, sin_ptr, positions_ptr, q_ptr, k_ptr, eps,
+                      stride_table, KV_HEADS, HEADS: tl.constexpr, DIM: tl.constexpr, HALF: tl.constexpr):
+    """One q or k head of one token, its halves ``x1``, ``x2`` loaded: normalised, rotated and stored (a seam:
+    m13 loads them from a split matmul's slices)."""
+    first = tl.arange(0, HALF)
+    x1 = x1.to(tl.float32)
+    x2 = x2.to(tl.float32)
     inv_rms = 1.0 / tl.sqrt((tl.sum(x1 * x1, axis=0) + tl.sum(x2 * x2, axis=0)) / DIM + eps)
     x1 = x1 * inv_rms * tl.load(weight_ptr + head * DIM + first).to(tl.float32)
     x2 = x2 * inv_rms * tl.load(weight_ptr + head * DIM + HALF + first).to(tl.float32)
@@ -83,7 +101,7 @@ def _qk_norm_rope_kernel(qkv_ptr, weight_ptr, cos_ptr, sin_ptr, positions_ptr, q
     if head < HEADS:
         out = q_ptr + (token * HEADS + head) * DIM
     else:
-        out = k_ptr + (token * (tl.num_programs(1) - HEADS) + head - HEADS) * DIM
+        out = k_ptr + (token * KV_HEADS + head - HEADS) * DIM
     tl.store(out + first, out1.to(dtype))
     tl.store(out + HALF + first, out2.to(dtype))
 

@@ -55,12 +55,16 @@ class FusedQwen3Model(nn.Module):
     def attend(self, attn: PackedAttention, x: torch.Tensor, positions: torch.Tensor,
                attention: AttentionFn) -> torch.Tensor:
         """The attention heads' output, ``[T, heads * dim]``, before ``o_proj``."""
+        q, k, v = self.rotate_qkv(attn, self.project_qkv(attn.qkv_proj, x), positions)
+        return attention(attn.layer_idx, q, k, v).reshape(-1, attn.num_heads * attn.head_dim)
+
+    def rotate_qkv(self, attn: PackedAttention, qkv: torch.Tensor,
+                   positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q and k normalised and rotated, and v, from the packed projection's output (a seam, as below)."""
         heads, kv_heads, dim = attn.num_heads, attn.num_kv_heads, attn.head_dim
-        qkv = self.project_qkv(attn.qkv_proj, x)
         q, k = qk_norm_rope(qkv, heads, kv_heads, dim, attn.qk_norm_weight, self.rotary_emb.cos,
                             self.rotary_emb.signed_sin, positions, attn.eps)
-        v = qkv[:, (heads + kv_heads) * dim:].view(-1, kv_heads, dim)
-        return attention(attn.layer_idx, q, k, v).reshape(-1, heads * dim)
+        return q, k, qkv[:, (heads + kv_heads) * dim:].view(-1, kv_heads, dim)
 
     def project_qkv(self, proj: nn.Module, x: torch.Tensor) -> torch.Tensor:
         """The packed q/k/v projection of the layer's normalised input (a seam, as the two below)."""

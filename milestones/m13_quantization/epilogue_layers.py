@@ -41,12 +41,14 @@ from milestones.m10_cuda_graphs.graph_runner import GraphDecodeAttention
 from milestones.m12_async_scheduling.fused_kernels import add_rms_norm
 from milestones.m12_async_scheduling.fused_layers import FusedCausalLM, FusedQwen3Model
 
-from .epilogue_matmuls import quantized_add_rms_norm, quantized_silu_and_mul, quantized_silu_and_mul_int16
+from .epilogue_matmuls import (quantized_add_rms_norm, quantized_matmul_slices, quantized_silu_and_mul,
+                               quantized_silu_and_mul_int16)
 from .integer_heads import IntegerHeadsAttention
 from .integer_norm import IntegerRows, add_rms_norm_int16
 from .launch_config import LAUNCH_TABLE, regime
 from .matmul_kernels import quantized_matmul
 from .quantize import QuantizedLinear
+from .sliced_sums import SlicedSums, sliced_qk_norm_rope
 
 
 NORM_EPILOGUE_MAX_ROWS = 1  # the add + norm epilogue's rows of x, at most (measured: above)
@@ -55,6 +57,11 @@ INTEGER_X_MAX_ROWS = 4  # x made 16-bit where it is made (norms, combine, gate_u
 # rows: on the H200 the step took 18 µs less at one row and 31 and 81 µs more at two and four, where each
 # group's last program reads its rows back (results/h200/m13_step_times+silu-words.json)
 SILU_WORDS_MAX_ROWS = 1
+# A split GEMV's slices of K added by the kernel after it, not by the GEMV's finishing programs (sliced_sums.py),
+# up to this many rows (0: never): o_proj's and down_proj's by the norm that writes the integers, q/k/v's by q/k
+# norm + RoPE
+NORM_ADDS_SLICES_MAX_ROWS = 4
+ROPE_ADDS_SLICES_MAX_ROWS = 4
 
 
 def _on_triton(proj: nn.Module) -> bool:
@@ -104,16 +111,29 @@ class EpilogueQwen3Model(FusedQwen3Model):
         if isinstance(x, IntegerRows):  # o_proj's x from the attention's combine, down_proj's from SiLU * up's GEMV
             x, words = x.x, x.words
         if _multiplies_integers(self.norm_readers.get(norm), x.shape[0], x.dtype):
+            if x.shape[0] <= NORM_ADDS_SLICES_MAX_ROWS and _multiplies_integers(proj, x.shape[0], x.dtype):
+                sums = quantized_matmul_slices(x, proj.qweight, proj.scales, proj.method, x_words=words)
+                return add_rms_norm_int16(sums, residual, norm.weight, norm.eps)
             return add_rms_norm_int16(_project(proj, x, words), residual, norm.weight, norm.eps)
         if not _on_triton(proj) or x.shape[0] > NORM_EPILOGUE_MAX_ROWS:
             return add_rms_norm(_project(proj, x, words), residual, norm.weight, norm.eps)
         return quantized_add_rms_norm(x, proj.qweight, proj.scales, proj.method, residual, norm.weight, norm.eps,
                                       x_words=words)
 
-    def project_qkv(self, proj: nn.Module, x: torch.Tensor | IntegerRows) -> torch.Tensor:
+    def project_qkv(self, proj: nn.Module, x: torch.Tensor | IntegerRows) -> torch.Tensor | SlicedSums:
+        words = None
         if isinstance(x, IntegerRows):
-            return _project(proj, x.x, x.words)
-        return super().project_qkv(proj, x)
+            x, words = x.x, x.words
+        if x.shape[0] <= ROPE_ADDS_SLICES_MAX_ROWS and _multiplies_integers(proj, x.shape[0], x.dtype):
+            return quantized_matmul_slices(x, proj.qweight, proj.scales, proj.method, x_words=words)
+        return _project(proj, x, words)
+
+    def rotate_qkv(self, attn: nn.Module, qkv: torch.Tensor | SlicedSums,
+                   positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if not isinstance(qkv, SlicedSums):
+            return super().rotate_qkv(attn, qkv, positions)
+        return sliced_qk_norm_rope(qkv, attn.num_heads, attn.num_kv_heads, attn.head_dim, attn.qk_norm_weight,
+                                   self.rotary_emb.cos, self.rotary_emb.signed_sin, positions, attn.eps)
 
     def gate_up_silu(self, proj: nn.Module, x: torch.Tensor | IntegerRows) -> torch.Tensor | IntegerRows:
         words = None

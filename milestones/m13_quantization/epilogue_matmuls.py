@@ -1,5 +1,6 @@
 """The GEMV with the kernel after it folded into its finish: ``quantized_silu_and_mul`` (``_int16`` also writing its
-outputs as 16-bit integers), ``quantized_add_rms_norm``.
+outputs as 16-bit integers), ``quantized_add_rms_norm``; and the other way round, ``quantized_matmul_slices``: the
+GEMV's finish left to the kernel after it (``sliced_sums.py``).
 
 Each call does what m12's decoder does in two (``epilogue_layers.py`` makes the swap). Where the launch is the
 GEMV, with at most ``GEMV_MAX_ROWS`` rows of x and at least two rows of W a program (one SiLU pair), it runs the
@@ -21,6 +22,7 @@ from .integer_norm import IntegerRows
 from .launch_config import QuantMatmulConfig
 from .matmul_kernels import GEMV_MAX_ROWS, _gemv, _plan, quantized_matmul
 from .quantize import GROUP_SIZE
+from .sliced_sums import SlicedSums
 
 
 def _folds(m: int, config: QuantMatmulConfig) -> bool:
@@ -76,3 +78,14 @@ def quantized_add_rms_norm(x: torch.Tensor, qweight: torch.Tensor, scales: torch
                                              x_words=x_words), residual, norm_weight, eps)
     return _gemv(x, qweight, scales, m, n, k, method == "int4", config, split_k,
                  _Epilogue("add_rms_norm", residual, norm_weight, eps), x_words)
+
+
+def quantized_matmul_slices(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, method: str, *,
+                            x_words: torch.Tensor | None = None) -> torch.Tensor | SlicedSums:
+    """``quantized_matmul``, except that a GEMV with K in slices leaves the slices' float32 sums unadded
+    (``SlicedSums``, for the kernel that reads them to add); any other launch returns the output."""
+    m, n, k, config, split_k = _plan(x, qweight, scales, method, None, None)
+    if not _folds(m, config):
+        return quantized_matmul(x, qweight, scales, method, x_words=x_words)
+    out = _gemv(x, qweight, scales, m, n, k, method == "int4", config, split_k, x_words=x_words, leave_slices=True)
+    return SlicedSums(out, x.dtype) if out.dim() == 3 else out

@@ -14,6 +14,8 @@ The arithmetic is m12's ``add_rms_norm`` (its kernel's row, ``add_rms_norm_row``
 are ``int16_x``'s of that output, so the GEMV sees the same integers to the bit
 either way. ``IntegerRows`` carries both forms from the norm to the matmul that reads them
 (``epilogue_layers.py`` decides where: a norm whose reader multiplies on ``dp4a``).
+
+After o_proj and down_proj the norm can also add the GEMV's slices of K itself (``sliced_sums.py``).
 """
 
 from __future__ import annotations
@@ -25,10 +27,11 @@ import triton
 import triton.language as tl
 
 from milestones.m08_triton_kernel.device_kernel import device_kernel
-from milestones.m12_async_scheduling.fused_kernels import add_rms_norm_row
+from milestones.m12_async_scheduling.fused_kernels import add_rms_norm_row, add_rms_norm_values
 
 from .integer_dots import int16_x_words, store_int16_groups
 from .quantize import GROUP_SIZE
+from .sliced_sums import SlicedSums, add_slices
 
 
 # One program a row. With 16 warps a row of 4,096 is 8 values a thread: the conversion's chain (the groups'
@@ -47,29 +50,56 @@ class IntegerRows:
     words: torch.Tensor
 
 
+@triton.jit
+def _store_row_words(normed, words_ptr, row, stride_wm, D: tl.constexpr, BLOCK: tl.constexpr, GROUP: tl.constexpr):
+    """The row as the GEMV's integers: groups of GROUP from the values just rounded (past D: zeros, not stored)."""
+    groups = tl.arange(0, BLOCK // GROUP)
+    grouped = tl.reshape(normed.to(tl.float32), [BLOCK // GROUP, GROUP])
+    store_int16_groups(grouped, groups, groups < D // GROUP, words_ptr + row * stride_wm, D, BLOCK // GROUP, GROUP)
+
+
 @device_kernel
 @triton.jit
 def _add_rms_norm_int16_kernel(x_ptr, residual_ptr, weight_ptr, out_ptr, words_ptr, eps, stride_wm,
                                D: tl.constexpr, BLOCK: tl.constexpr, GROUP: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     normed = add_rms_norm_row(x_ptr, residual_ptr, weight_ptr, out_ptr, row, eps, D, BLOCK)  # m12's, as it stores it
-    # the row as the GEMV's integers: groups of GROUP from the values just rounded (past D: zeros, not stored)
-    groups = tl.arange(0, BLOCK // GROUP)
-    grouped = tl.reshape(normed.to(tl.float32), [BLOCK // GROUP, GROUP])
-    store_int16_groups(grouped, groups, groups < D // GROUP, words_ptr + row * stride_wm, D, BLOCK // GROUP, GROUP)
+    _store_row_words(normed, words_ptr, row, stride_wm, D, BLOCK, GROUP)
 
 
-def add_rms_norm_int16(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> IntegerRows:
+@device_kernel
+@triton.jit
+def _slices_add_rms_norm_int16_kernel(parts_ptr, residual_ptr, weight_ptr, out_ptr, words_ptr, eps, stride_slice,
+                                      stride_pm, stride_wm, SLICES: tl.constexpr, D: tl.constexpr,
+                                      BLOCK: tl.constexpr, GROUP: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    total = add_slices(parts_ptr + row * stride_pm + cols, cols < D, stride_slice, SLICES)
+    x = total.to(out_ptr.dtype.element_ty)  # the matmul's output as the GEMV would have stored it
+    normed = add_rms_norm_values(x, residual_ptr, weight_ptr, out_ptr, row, eps, D, BLOCK)
+    _store_row_words(normed, words_ptr, row, stride_wm, D, BLOCK, GROUP)
+
+
+def add_rms_norm_int16(x: torch.Tensor | SlicedSums, residual: torch.Tensor, weight: torch.Tensor,
+                       eps: float) -> IntegerRows:
     """``residual += x`` in place; returns ``RMSNorm(residual) * weight`` and the same rows as ``int16_x``'s
-    words. ``[T, D]`` contiguous, D a multiple of 128 (int4's group)."""
+    words. ``[T, D]`` contiguous, D a multiple of 128 (int4's group). ``x`` may be a GEMV's unadded slices."""
     tokens, dim = residual.shape
-    if dim % GROUP_SIZE or tuple(x.shape) != (tokens, dim) or not (x.is_contiguous() and residual.is_contiguous()):
+    sliced = isinstance(x, SlicedSums)
+    rows = x.parts[0] if sliced else x
+    if (dim % GROUP_SIZE or rows.shape[0] != tokens or rows.shape[1] < dim or not residual.is_contiguous()
+            or (not sliced and (rows.shape[1] != dim or not x.is_contiguous()))
+            or (sliced and (x.dtype != residual.dtype or x.parts.stride(-1) != 1))):
         raise ValueError(f"add_rms_norm_int16 needs x and the residual as contiguous [T, D] with D a multiple of "
-                         f"{GROUP_SIZE}; got x {tuple(x.shape)}, residual {tuple(residual.shape)}")
+                         f"{GROUP_SIZE} (or x a GEMV's float32 slices of [T, D] or wider, for a residual of their "
+                         f"dtype); got x {tuple(rows.shape)}, residual {residual.dtype} {tuple(residual.shape)}")
     out = torch.empty_like(residual)
     words = torch.empty((tokens, int16_x_words(dim)), dtype=torch.int32, device=residual.device)
-    if tokens:
-        _add_rms_norm_int16_kernel[(tokens,)](x, residual, weight, out, words, eps, words.stride(0), D=dim,
-                                              BLOCK=triton.next_power_of_2(dim), GROUP=GROUP_SIZE,
-                                              num_warps=NORM_WARPS)
+    constants = dict(D=dim, BLOCK=triton.next_power_of_2(dim), GROUP=GROUP_SIZE, num_warps=NORM_WARPS)
+    if tokens and sliced:
+        _slices_add_rms_norm_int16_kernel[(tokens,)](x.parts, residual, weight, out, words, eps, x.parts.stride(0),
+                                                     x.parts.stride(1), words.stride(0), SLICES=x.parts.shape[0],
+                                                     **constants)
+    elif tokens:
+        _add_rms_norm_int16_kernel[(tokens,)](x, residual, weight, out, words, eps, words.stride(0), **constants)
     return IntegerRows(out, words)

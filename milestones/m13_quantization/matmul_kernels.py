@@ -110,6 +110,7 @@ def _quantized_gemv_kernel(
     GROUP: tl.constexpr, UNPACK: tl.constexpr, SPLIT: tl.constexpr, EVEN: tl.constexpr, DEFER_SUM: tl.constexpr,
     NUM_STAGES: tl.constexpr, TILED: tl.constexpr, EPILOGUE: tl.constexpr, NORM_N: tl.constexpr,
     NORM_WHOLE: tl.constexpr, BLOCKS_N: tl.constexpr, X_WORDS: tl.constexpr, PTX: tl.constexpr,
+    FINISH: tl.constexpr = True,
 ):
     """One program: output rows [pid_n * BLOCK_N, +BLOCK_N) for the ``ROWS`` (1-4) rows of x, over its slice of K.
 
@@ -126,6 +127,7 @@ def _quantized_gemv_kernel(
     (``[slices, ROWS, N]``) and counts itself done on its row block's counter (``count_ptr``, zero between
     launches); the program that counts last adds the slices in slice order, stores the output and sets the
     counter back to zero. No zeroed output, no cast afterwards, and the same sum whichever program finishes.
+    Without ``FINISH`` the slices' sums are left for the kernel that reads them to add (``sliced_sums.py``).
 
     ``EPILOGUE`` (``gemv_epilogues.py``): what the finishing program does with a block's sums, the output stored
     as it is, as ``silu(gate) * up`` (then W's rows are gate/up pairs and N counts the pairs), or added into the
@@ -260,22 +262,23 @@ def _quantized_gemv_kernel(
             tl.store(part + 2 * part_n + lanes, acc2, mask=col_ok)
         if ROWS > 3:
             tl.store(part + 3 * part_n + lanes, acc3, mask=col_ok)
-        # Every thread's sums are written before the program counts itself done (the barrier), and the count is
-        # an acquire-release atomic: the program that counts last sees every slice's sums.
-        tl.debug_barrier()
-        done_before = tl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel")
-        if done_before == num_slices - 1:
-            for r in tl.static_range(ROWS):
-                total = _add_slices(part_ptr + r * part_n, lanes, col_ok, num_slices, ROWS * part_n)
-                finish_row(total, r, lanes, col_ok, N, out_ptr, stride_om, res_ptr, stride_rm, sq_ptr, EPILOGUE,
-                           BLOCK_N)
-            tl.atomic_xchg(count_ptr + pid_n, 0, sem="relaxed")  # ready for the next launch (or graph replay)
-            if X_WORDS:
-                words_when_group_done(out_ptr, stride_om, words_ptr, stride_wm, word_counts, N, ROWS, BLOCK_N // 2,
-                                      GROUP)
-            if EPILOGUE == ADD_RMS_NORM:
-                norm_when_last(out_ptr, stride_om, res_ptr, stride_rm, norm_w_ptr, sq_ptr, count_ptr + blocks, N,
-                               eps, ROWS, NORM_N, NORM_WHOLE, BLOCKS_N)
+        if FINISH:
+            # Every thread's sums are written before the program counts itself done (the barrier), and the count is
+            # an acquire-release atomic: the program that counts last sees every slice's sums.
+            tl.debug_barrier()
+            done_before = tl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel")
+            if done_before == num_slices - 1:
+                for r in tl.static_range(ROWS):
+                    total = _add_slices(part_ptr + r * part_n, lanes, col_ok, num_slices, ROWS * part_n)
+                    finish_row(total, r, lanes, col_ok, N, out_ptr, stride_om, res_ptr, stride_rm, sq_ptr, EPILOGUE,
+                               BLOCK_N)
+                tl.atomic_xchg(count_ptr + pid_n, 0, sem="relaxed")  # ready for the next launch (or graph replay)
+                if X_WORDS:
+                    words_when_group_done(out_ptr, stride_om, words_ptr, stride_wm, word_counts, N, ROWS, BLOCK_N // 2,
+                                          GROUP)
+                if EPILOGUE == ADD_RMS_NORM:
+                    norm_when_last(out_ptr, stride_om, res_ptr, stride_rm, norm_w_ptr, sq_ptr, count_ptr + blocks, N,
+                                   eps, ROWS, NORM_N, NORM_WHOLE, BLOCKS_N)
     else:
         finish_row(acc0, 0, lanes, col_ok, N, out_ptr, stride_om, res_ptr, stride_rm, sq_ptr, EPILOGUE, BLOCK_N)
         if ROWS > 1:
@@ -465,9 +468,14 @@ def quantized_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tenso
 
 
 def _gemv(x, qweight, scales, m, n, k, int4, config, split_k, epilogue: _Epilogue = _Epilogue(),
-          x_words: torch.Tensor | None = None) -> torch.Tensor:
+          x_words: torch.Tensor | None = None, leave_slices: bool = False) -> torch.Tensor:
+    """The GEMV's launch; returns ``[M, N]`` (``[M, N // 2]`` after SiLU * up), or with ``leave_slices`` and K
+    in slices the slices' float32 sums unadded, ``[slices, M, N rounded up to whole blocks]``."""
     if not 1 <= split_k <= MAX_SPLIT_K:
         raise ValueError(f"split_k must be in [1, {MAX_SPLIT_K}], got {split_k}")
+    if leave_slices and (epilogue.name != "none" or m > GEMV_MAX_ROWS):
+        raise ValueError("a GEMV leaves its slices unadded only without an epilogue and with at most "
+                         f"{GEMV_MAX_ROWS} rows of x, got {m}")
     if m > GEMV_MAX_ROWS:  # the kernel holds one accumulator per row of x: a few rows per launch
         if epilogue.name != "none":
             raise ValueError(f"a GEMV epilogue takes at most {GEMV_MAX_ROWS} rows of x, got {m}")
@@ -490,7 +498,9 @@ def _gemv(x, qweight, scales, m, n, k, int4, config, split_k, epilogue: _Epilogu
         if GROUP_SIZE % per_block or outputs % GROUP_SIZE:
             raise ValueError(f"silu_and_mul writes words only where each group of {GROUP_SIZE} outputs is whole "
                              f"programs' ({per_block} outputs a program, {outputs} outputs)")
-    if split_k > 1 or epilogue.name == "add_rms_norm" or x_words_out:  # after the row blocks': the norm's, the groups'
+    leave_slices = leave_slices and split_k > 1
+    # a counter per row block where a finishing program adds the slices; after them the norm's, the groups'
+    if (split_k > 1 and not leave_slices) or epilogue.name == "add_rms_norm" or x_words_out:
         counters = _split_counters(x.device, blocks + 1 + (outputs // GROUP_SIZE if x_words_out else 0))
     residual = norm_weight = out
     if epilogue.name == "add_rms_norm":
@@ -516,10 +526,10 @@ def _gemv(x, qweight, scales, m, n, k, int4, config, split_k, epilogue: _Epilogu
         DEFER_SUM=config.defer_sum and per_thread <= MAX_DEFERRED_PER_THREAD,
         NUM_STAGES=config.num_stages, TILED=qweight.dim() == 4, EPILOGUE=epilogue_index(epilogue.name),
         **_norm_constants(epilogue.name, outputs, blocks, m), X_WORDS=x_words_out,
-        PTX=not runs_interpreted(x.device),
+        PTX=not runs_interpreted(x.device), FINISH=not leave_slices,
         num_warps=config.num_warps,
     )
-    return out
+    return partial_sums if leave_slices else out
 
 
 def _checked_words(words: torch.Tensor, m: int, k: int, device: torch.device) -> torch.Tensor:

@@ -1,0 +1,87 @@
+"""A split GEMV's last step left to the kernel that reads its output: the slices of K added where they are read.
+
+A batch-1 GEMV with few rows of W cuts K into slices so that every SM has programs to run (o_proj: 64 blocks of
+64 rows, each in 8 slices). Each slice's sums must then be added, and the GEMV does it at its end: every program
+stores its float32 sums, counts itself done on its block's counter (an atomic), and the last of a block's slices
+reads them all back and stores the output (``matmul_kernels.py``). That finish is a chain of latencies (the store,
+the count, the loads, the store) that nothing overlaps, at the end of a kernel of 5-10 µs.
+
+The kernel after the GEMV reads every output anyway. So where it is m13's own, the GEMV stores its slices and
+ends, and the reader loads the slices instead of the output and adds them, in slice order, as it loads::
+
+    finished:  q/k/v, o, down = gemv(x)  [slices -> count -> the last adds]  ->  the next kernel reads the output
+    here:      parts = gemv(x)  [slices stored]                              ->  the next kernel adds the parts
+
+The same float32 additions in the same order, rounded to the activations' dtype as the GEMV would store them:
+the same bits. The readers are the add + RMSNorm that writes the integers (``integer_norm.py``, after o_proj and
+down_proj) and, here, q/k norm + RoPE (after q/k/v: m12's arithmetic, ``qk_norm_rope_head``), which also writes
+v, the one part of q/k/v it does not rotate. ``epilogue_layers.py`` decides where (int4's GEMV on ``dp4a``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from milestones.m08_triton_kernel.device_kernel import device_kernel
+from milestones.m12_async_scheduling.fused_kernels import qk_norm_rope_head
+
+
+@dataclass(frozen=True)
+class SlicedSums:
+    """A split GEMV's output left unadded: ``parts`` ``[slices, M, N or more]`` float32, each slice of K's sums;
+    the output is their sum in slice order, rounded to ``dtype``."""
+
+    parts: torch.Tensor
+    dtype: torch.dtype
+
+
+@triton.jit
+def add_slices(first_slice, mask, stride_slice, SLICES: tl.constexpr):
+    """The slices' sums at ``first_slice``'s offsets added in slice order (their loads go out together)."""
+    total = tl.load(first_slice, mask=mask, other=0.0)
+    for s in tl.static_range(1, SLICES):
+        total += tl.load(first_slice + s * stride_slice, mask=mask, other=0.0)
+    return total
+
+
+@device_kernel
+@triton.jit
+def _sliced_qk_norm_rope_kernel(parts_ptr, weight_ptr, cos_ptr, sin_ptr, positions_ptr, q_ptr, k_ptr, v_ptr, eps,
+                                stride_slice, stride_pm, stride_table, SLICES: tl.constexpr, HEADS: tl.constexpr,
+                                KV_HEADS: tl.constexpr, DIM: tl.constexpr, HALF: tl.constexpr):
+    token = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)  # query heads, then K heads, then V heads
+    first = tl.arange(0, HALF)
+    row = parts_ptr + token * stride_pm + head * DIM + first
+    dtype = q_ptr.dtype.element_ty  # each value rounded as the GEMV would have stored it
+    x1 = add_slices(row, first < HALF, stride_slice, SLICES).to(dtype)
+    x2 = add_slices(row + HALF, first < HALF, stride_slice, SLICES).to(dtype)
+    if head < HEADS + KV_HEADS:
+        qk_norm_rope_head(x1, x2, token, head, weight_ptr, cos_ptr, sin_ptr, positions_ptr, q_ptr, k_ptr, eps,
+                          stride_table, KV_HEADS, HEADS, DIM, HALF)
+    else:
+        out = v_ptr + (token * KV_HEADS + head - HEADS - KV_HEADS) * DIM
+        tl.store(out + first, x1)
+        tl.store(out + HALF + first, x2)
+
+
+def sliced_qk_norm_rope(qkv: SlicedSums, num_heads: int, num_kv_heads: int, head_dim: int,
+                        norm_weight: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor,
+                        positions: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """m12's ``qk_norm_rope`` of q/k/v left in slices: q ``[T, heads, dim]``, k and v ``[T, kv_heads, dim]``."""
+    slices, tokens, width = qkv.parts.shape
+    if width < (num_heads + 2 * num_kv_heads) * head_dim or qkv.parts.stride(-1) != 1:
+        raise ValueError(f"q/k/v's slices must hold {(num_heads + 2 * num_kv_heads) * head_dim} outputs a row, "
+                         f"contiguous; got {tuple(qkv.parts.shape)}")
+    q = torch.empty((tokens, num_heads, head_dim), dtype=qkv.dtype, device=qkv.parts.device)
+    k, v = (torch.empty((tokens, num_kv_heads, head_dim), dtype=qkv.dtype, device=q.device) for _ in range(2))
+    if tokens:
+        _sliced_qk_norm_rope_kernel[(tokens, num_heads + 2 * num_kv_heads)](
+            qkv.parts, norm_weight, cos, signed_sin, positions, q, k, v, eps, qkv.parts.stride(0),
+            qkv.parts.stride(1), cos.stride(0), SLICES=slices, HEADS=num_heads, KV_HEADS=num_kv_heads,
+            DIM=head_dim, HALF=head_dim // 2, num_warps=1)
+    return q, k, v
