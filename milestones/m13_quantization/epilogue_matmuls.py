@@ -81,11 +81,12 @@ def quantized_add_rms_norm(x: torch.Tensor, qweight: torch.Tensor, scales: torch
 
 
 def quantized_matmul_slices(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, method: str, *,
+                            config: QuantMatmulConfig | None = None, split_k: int | None = None,
                             x_words: torch.Tensor | None = None) -> torch.Tensor | SlicedSums:
     """``quantized_matmul``, except that a GEMV with K in slices leaves the slices' float32 sums unadded
     (``SlicedSums``, for the kernel that reads them to add); any other launch returns the output."""
-    m, n, k, config, split_k = _plan(x, qweight, scales, method, None, None)
+    m, n, k, config, split_k = _plan(x, qweight, scales, method, config, split_k)
     if not _folds(m, config):
-        return quantized_matmul(x, qweight, scales, method, x_words=x_words)
+        return quantized_matmul(x, qweight, scales, method, config=config, split_k=split_k, x_words=x_words)
     out = _gemv(x, qweight, scales, m, n, k, method == "int4", config, split_k, x_words=x_words, leave_slices=True)
     return SlicedSums(out, x.dtype) if out.dim() == 3 else out
