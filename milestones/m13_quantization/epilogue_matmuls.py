@@ -12,6 +12,8 @@ checks them (``_plan``), and the epilogue's own besides: gate and up rows in equ
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from milestones.m12_async_scheduling.fused_kernels import add_rms_norm, silu_and_mul
@@ -19,7 +21,7 @@ from milestones.m12_async_scheduling.fused_kernels import add_rms_norm, silu_and
 from .gemv_epilogues import _Epilogue
 from .integer_dots import int16_x_words
 from .integer_norm import IntegerRows
-from .launch_config import QuantMatmulConfig
+from .launch_config import SLICED_GEMV_PROGRAMS_PER_SM, QuantMatmulConfig
 from .matmul_kernels import GEMV_MAX_ROWS, _gemv, _plan, quantized_matmul
 from .quantize import GROUP_SIZE
 from .sliced_sums import SlicedSums
@@ -84,7 +86,12 @@ def quantized_matmul_slices(x: torch.Tensor, qweight: torch.Tensor, scales: torc
                             config: QuantMatmulConfig | None = None, split_k: int | None = None,
                             x_words: torch.Tensor | None = None) -> torch.Tensor | SlicedSums:
     """``quantized_matmul``, except that a GEMV with K in slices leaves the slices' float32 sums unadded
-    (``SlicedSums``, for the kernel that reads them to add); any other launch returns the output."""
+    (``SlicedSums``, for the kernel that reads them to add); any other launch returns the output. By default
+    K is cut until ``SLICED_GEMV_PROGRAMS_PER_SM`` programs an SM."""
+    if config is None:
+        m, n, k, config, _ = _plan(x, qweight, scales, method, None, 0)
+        if config.kernel == "gemv":
+            config = replace(config, min_programs_per_sm=SLICED_GEMV_PROGRAMS_PER_SM)
     m, n, k, config, split_k = _plan(x, qweight, scales, method, config, split_k)
     if not _folds(m, config):
         return quantized_matmul(x, qweight, scales, method, config=config, split_k=split_k, x_words=x_words)

@@ -101,6 +101,13 @@ class QuantMatmulConfig:
                              f"group_m={self.group_m}")
 
 
+# A GEMV whose slices of K the kernel after it adds (``sliced_sums.py``) pays no finish for more of them: it cuts K
+# until 3 programs an SM, not the table's 2 (q/k/v, o_proj and down_proj in 8 slices each at Qwen3-8B's shapes). On the
+# H200 the step was as fast at one row and 34-43 µs faster at two, 67-74 at four; 1 an SM was slower at every row
+# (results/h200/m13_step_times+slices-grid.json, +slices-grid-2.json: two calls).
+SLICED_GEMV_PROGRAMS_PER_SM = 3
+
+
 def regime(m: int, method: str) -> str:
     if m <= GEMV_MAX_M[method]:
         return "gemv"
