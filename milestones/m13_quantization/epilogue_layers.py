@@ -41,8 +41,9 @@ from milestones.m10_cuda_graphs.graph_runner import GraphDecodeAttention
 from milestones.m12_async_scheduling.fused_kernels import add_rms_norm
 from milestones.m12_async_scheduling.fused_layers import FusedCausalLM, FusedQwen3Model
 
-from .epilogue_matmuls import (quantized_add_rms_norm, quantized_matmul_slices, quantized_silu_and_mul,
-                               quantized_silu_and_mul_int16)
+from .deferred_norm import DeferredRows, deferred_add_rms_norm
+from .epilogue_matmuls import (deferred_matmul_slices, quantized_add_rms_norm, quantized_matmul_slices,
+                               quantized_silu_and_mul, quantized_silu_and_mul_int16)
 from .integer_heads import IntegerHeadsAttention
 from .integer_norm import IntegerRows, add_rms_norm_int16
 from .launch_config import LAUNCH_TABLE, regime
@@ -62,6 +63,9 @@ SILU_WORDS_MAX_ROWS = 1
 # norm + RoPE
 NORM_ADDS_SLICES_MAX_ROWS = 4
 ROPE_ADDS_SLICES_MAX_ROWS = 4
+# The norm before q/k/v and gate_up run as 8 programs a row, with 1 / rms left to the reader (deferred_norm.py),
+# up to this many rows (0: never; the norm that writes the integers in one program a row, integer_norm.py)
+DEFERRED_NORM_MAX_ROWS = 4
 
 
 def _on_triton(proj: nn.Module) -> bool:
@@ -110,17 +114,23 @@ class EpilogueQwen3Model(FusedQwen3Model):
         words = None
         if isinstance(x, IntegerRows):  # o_proj's x from the attention's combine, down_proj's from SiLU * up's GEMV
             x, words = x.x, x.words
-        if _multiplies_integers(self.norm_readers.get(norm), x.shape[0], x.dtype):
-            if x.shape[0] <= NORM_ADDS_SLICES_MAX_ROWS and _multiplies_integers(proj, x.shape[0], x.dtype):
+        rows = x.shape[0]
+        if _multiplies_integers(self.norm_readers.get(norm), rows, x.dtype):
+            if rows <= NORM_ADDS_SLICES_MAX_ROWS and _multiplies_integers(proj, rows, x.dtype):
                 sums = quantized_matmul_slices(x, proj.qweight, proj.scales, proj.method, x_words=words)
-                return add_rms_norm_int16(sums, residual, norm.weight, norm.eps)
-            return add_rms_norm_int16(_project(proj, x, words), residual, norm.weight, norm.eps)
+            else:
+                sums = _project(proj, x, words)
+            if rows <= DEFERRED_NORM_MAX_ROWS:
+                return deferred_add_rms_norm(sums, residual, norm.weight, norm.eps)
+            return add_rms_norm_int16(sums, residual, norm.weight, norm.eps)
         if not _on_triton(proj) or x.shape[0] > NORM_EPILOGUE_MAX_ROWS:
             return add_rms_norm(_project(proj, x, words), residual, norm.weight, norm.eps)
         return quantized_add_rms_norm(x, proj.qweight, proj.scales, proj.method, residual, norm.weight, norm.eps,
                                       x_words=words)
 
-    def project_qkv(self, proj: nn.Module, x: torch.Tensor | IntegerRows) -> torch.Tensor | SlicedSums:
+    def project_qkv(self, proj: nn.Module, x: torch.Tensor | IntegerRows | DeferredRows) -> torch.Tensor | SlicedSums:
+        if isinstance(x, DeferredRows):  # slices always: the reader multiplies by 1 / rms where it adds them
+            return deferred_matmul_slices(x, proj.qweight, proj.scales, proj.method)
         words = None
         if isinstance(x, IntegerRows):
             x, words = x.x, x.words
@@ -135,7 +145,12 @@ class EpilogueQwen3Model(FusedQwen3Model):
         return sliced_qk_norm_rope(qkv, attn.num_heads, attn.num_kv_heads, attn.head_dim, attn.qk_norm_weight,
                                    self.rotary_emb.cos, self.rotary_emb.signed_sin, positions, attn.eps)
 
-    def gate_up_silu(self, proj: nn.Module, x: torch.Tensor | IntegerRows) -> torch.Tensor | IntegerRows:
+    def gate_up_silu(self, proj: nn.Module, x: torch.Tensor | IntegerRows | DeferredRows) -> torch.Tensor | IntegerRows:
+        if isinstance(x, DeferredRows):  # the GEMV's finish multiplies by 1 / rms
+            rows, down_proj = x.words.shape[0], self.silu_readers.get(proj)
+            if rows <= SILU_WORDS_MAX_ROWS and _multiplies_integers(down_proj, rows, x.dtype):
+                return quantized_silu_and_mul_int16(x, proj.qweight, proj.scales, proj.method)
+            return quantized_silu_and_mul(x, proj.qweight, proj.scales, proj.method)
         words = None
         if isinstance(x, IntegerRows):
             x, words = x.x, x.words

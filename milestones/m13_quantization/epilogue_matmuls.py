@@ -20,6 +20,7 @@ from milestones.m12_async_scheduling.fused_kernels import add_rms_norm, silu_and
 
 from .gemv_epilogues import _Epilogue
 from .integer_dots import int16_x_words
+from .deferred_norm import DeferredRows
 from .integer_norm import IntegerRows
 from .launch_config import SLICED_GEMV_PROGRAMS_PER_SM, QuantMatmulConfig
 from .matmul_kernels import GEMV_MAX_ROWS, _gemv, _plan, quantized_matmul
@@ -32,33 +33,52 @@ def _folds(m: int, config: QuantMatmulConfig) -> bool:
     return config.kernel == "gemv" and 0 < m <= GEMV_MAX_ROWS and config.block_n >= 2
 
 
-def quantized_silu_and_mul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, method: str, *,
-                           config: QuantMatmulConfig | None = None, split_k: int | None = None,
+def quantized_silu_and_mul(x: torch.Tensor | DeferredRows, qweight: torch.Tensor, scales: torch.Tensor,
+                           method: str, *, config: QuantMatmulConfig | None = None, split_k: int | None = None,
                            x_words: torch.Tensor | None = None) -> torch.Tensor:
     """``silu(gate) * up`` of ``x @ W^T``, W's rows the gate rows then the up rows (m10's packed ``gate_up_proj``):
     ``[M, N // 2]``. In the GEMV's finishing programs (``gemv_epilogues.py``); at more rows, the matmul and then
-    m12's kernel. ``x_words``: as ``quantized_matmul`` takes it."""
+    m12's kernel. ``x_words``: as ``quantized_matmul`` takes it. ``x`` may be a deferred norm's rows (the GEMV's
+    finish multiplies by their 1 / rms)."""
+    x, x_words, epilogue = _deferred(x, x_words, _Epilogue("silu_and_mul"))
     m, n, k, config, split_k = _plan(x, qweight, scales, method, config, split_k)
     if n % 2:
         raise ValueError(f"silu_and_mul needs gate and up rows in equal numbers, got N = {n}")
     if not _folds(m, config):
+        _refuse_deferred(epilogue, m)
         return silu_and_mul(quantized_matmul(x, qweight, scales, method, config=config, split_k=split_k,
                                              x_words=x_words))
-    return _gemv(x, qweight, scales, m, n, k, method == "int4", config, split_k, _Epilogue("silu_and_mul"), x_words)
+    return _gemv(x, qweight, scales, m, n, k, method == "int4", config, split_k, epilogue, x_words)
 
 
-def quantized_silu_and_mul_int16(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, method: str, *,
-                                 x_words: torch.Tensor | None = None) -> torch.Tensor | IntegerRows:
+def quantized_silu_and_mul_int16(x: torch.Tensor | DeferredRows, qweight: torch.Tensor, scales: torch.Tensor,
+                                 method: str, *, x_words: torch.Tensor | None = None) -> torch.Tensor | IntegerRows:
     """``quantized_silu_and_mul``, with its outputs also as ``int16_x``'s words (for a GEMV on ``dp4a`` after it)
     where the GEMV's programs can write them (each group of 128 outputs whole programs'): then ``IntegerRows``."""
-    m, n, k, config, split_k = _plan(x, qweight, scales, method, None, None)
+    plain, words_in, epilogue = _deferred(x, x_words, _Epilogue("silu_and_mul"))
+    m, n, k, config, split_k = _plan(plain, qweight, scales, method, None, None)
     per_block = config.block_n // 2
     if n % 2 or not _folds(m, config) or GROUP_SIZE % per_block or (n // 2) % GROUP_SIZE:
         return quantized_silu_and_mul(x, qweight, scales, method, x_words=x_words)
-    words = torch.empty((m, int16_x_words(n // 2)), dtype=torch.int32, device=x.device)
-    out = _gemv(x, qweight, scales, m, n, k, method == "int4", config, split_k,
-                _Epilogue("silu_and_mul", words=words), x_words)
+    words = torch.empty((m, int16_x_words(n // 2)), dtype=torch.int32, device=plain.device)
+    out = _gemv(plain, qweight, scales, m, n, k, method == "int4", config, split_k, replace(epilogue, words=words),
+                words_in)
     return IntegerRows(out, words)
+
+
+def _deferred(x: torch.Tensor | DeferredRows, x_words: torch.Tensor | None,
+              epilogue: _Epilogue) -> tuple[torch.Tensor, torch.Tensor | None, _Epilogue]:
+    """(x for the shape checks, x's words, the epilogue): a deferred norm's rows give their words, and the
+    epilogue multiplies by their 1 / rms."""
+    if not isinstance(x, DeferredRows):
+        return x, x_words, epilogue
+    return x.stand_in(), x.words, replace(epilogue, eps=x.eps, row_squares=x.squares)
+
+
+def _refuse_deferred(epilogue: _Epilogue, m: int) -> None:
+    if epilogue.row_squares is not None:
+        raise ValueError(f"a deferred norm's rows are read by the GEMV only (at most {GEMV_MAX_ROWS} rows of x, on "
+                         f"int4's dp4a launch); got {m} rows")
 
 
 def quantized_add_rms_norm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, method: str,
@@ -85,9 +105,9 @@ def quantized_add_rms_norm(x: torch.Tensor, qweight: torch.Tensor, scales: torch
 def quantized_matmul_slices(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, method: str, *,
                             config: QuantMatmulConfig | None = None, split_k: int | None = None,
                             x_words: torch.Tensor | None = None) -> torch.Tensor | SlicedSums:
-    """``quantized_matmul``, except that a GEMV with K in slices leaves the slices' float32 sums unadded
-    (``SlicedSums``, for the kernel that reads them to add); any other launch returns the output. By default
-    K is cut until ``SLICED_GEMV_PROGRAMS_PER_SM`` programs an SM."""
+    """``quantized_matmul``, except that a GEMV leaves its slices' float32 sums unadded (one or more:
+    ``SlicedSums``, for the kernel that reads them to add); any other launch returns the output. By default K is
+    cut until ``SLICED_GEMV_PROGRAMS_PER_SM`` programs an SM."""
     if config is None:
         m, n, k, config, _ = _plan(x, qweight, scales, method, None, 0)
         if config.kernel == "gemv":
@@ -95,5 +115,15 @@ def quantized_matmul_slices(x: torch.Tensor, qweight: torch.Tensor, scales: torc
     m, n, k, config, split_k = _plan(x, qweight, scales, method, config, split_k)
     if not _folds(m, config):
         return quantized_matmul(x, qweight, scales, method, config=config, split_k=split_k, x_words=x_words)
-    out = _gemv(x, qweight, scales, m, n, k, method == "int4", config, split_k, x_words=x_words, leave_slices=True)
-    return SlicedSums(out, x.dtype) if out.dim() == 3 else out
+    return SlicedSums(_gemv(x, qweight, scales, m, n, k, method == "int4", config, split_k, x_words=x_words,
+                            leave_slices=True), x.dtype)
+
+
+def deferred_matmul_slices(x: DeferredRows, qweight: torch.Tensor, scales: torch.Tensor, method: str, *,
+                           config: QuantMatmulConfig | None = None) -> SlicedSums:
+    """``quantized_matmul_slices`` of a deferred norm's rows: the slices, to be multiplied by each row's 1 / rms
+    where they are added (``sliced_sums.sliced_qk_norm_rope``)."""
+    sums = quantized_matmul_slices(x.stand_in(), qweight, scales, method, config=config, x_words=x.words)
+    if not isinstance(sums, SlicedSums):
+        _refuse_deferred(_Epilogue(row_squares=x.squares), x.words.shape[0])
+    return replace(sums, row_squares=x.squares, eps=x.eps, x_dim=x.dim)

@@ -136,6 +136,15 @@ def norm_when_last(out_ptr, stride_om, res_ptr, stride_rm, norm_w_ptr, sq_ptr, c
         tl.atomic_xchg(count_ptr, 0, sem="relaxed")  # ready for the next launch (or graph replay)
 
 
+@triton.jit
+def row_rstd(squares_row_ptr, PARTS: tl.constexpr, PARTS_POW2: tl.constexpr, D, eps):
+    """A deferred norm's ``1 / rms`` of one row of x (``deferred_norm.py``): its ``PARTS`` sums of squares added,
+    over the row's ``D`` values."""
+    parts = tl.arange(0, PARTS_POW2)
+    squares = tl.load(squares_row_ptr + parts, mask=parts < PARTS, other=0.0)
+    return 1.0 / tl.sqrt(tl.sum(squares, axis=0) / D + eps)
+
+
 def epilogue_index(name: str) -> int:
     if name not in EPILOGUES:
         raise ValueError(f"unknown GEMV epilogue {name!r}: use one of {', '.join(EPILOGUES)}")
@@ -146,13 +155,16 @@ def epilogue_index(name: str) -> int:
 class _Epilogue:
     """What the GEMV's finishing programs do with their sums: ``name`` one of ``EPILOGUES``; ``add_rms_norm``
     also takes the residual stream (updated in place) and the norm; ``silu_and_mul`` may take ``words``
-    (``[M, int16_x_words(N)]`` int32), which receive its outputs as 16-bit integers."""
+    (``[M, int16_x_words(N)]`` int32), which receive its outputs as 16-bit integers. ``row_squares``: x's words
+    are a deferred norm's (``deferred_norm.py``, its eps ``eps``): every row's sums are multiplied by its 1 / rms
+    first."""
 
     name: str = "none"
     residual: torch.Tensor | None = None
     norm_weight: torch.Tensor | None = None
     eps: float = 0.0
     words: torch.Tensor | None = None
+    row_squares: torch.Tensor | None = None
 
 
 def _norm_constants(epilogue: str, outputs: int, blocks: int, m: int) -> dict[str, int | bool]:

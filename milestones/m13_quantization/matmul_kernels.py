@@ -56,7 +56,7 @@ from milestones.m08_triton_kernel.launch_config import sm_count
 
 from .dequant_matmul import _dequant_then_cublas
 from .gemv_epilogues import (ADD_RMS_NORM, SILU_AND_MUL, _Epilogue, _norm_constants, epilogue_index, finish_row,
-                             norm_when_last, pair_rows, words_when_group_done)
+                             norm_when_last, pair_rows, row_rstd, words_when_group_done)
 from .launch_config import UNPACK_MODES, QuantMatmulConfig, choose_launch, choose_split_k, fits_method
 from .quantize import GROUP_SIZE, QUANTIZATION_METHODS, TILE_ROWS
 from .swap_ab_matmul import swap_ab_matmul
@@ -103,14 +103,14 @@ def _add_slices(part_ptr, lanes, ok, num_slices, stride_part):
 @device_kernel
 @triton.jit
 def _quantized_gemv_kernel(
-    x_ptr, w_ptr, s_ptr, out_ptr, part_ptr, count_ptr, res_ptr, norm_w_ptr, sq_ptr, words_ptr,
+    x_ptr, w_ptr, s_ptr, out_ptr, part_ptr, count_ptr, res_ptr, norm_w_ptr, sq_ptr, words_ptr, rsq_ptr,
     N, K, k_per_split, eps,
-    stride_xm, stride_wn, stride_sn, stride_sg, stride_om, stride_rm, stride_wm,
+    stride_xm, stride_wn, stride_sn, stride_sg, stride_om, stride_rm, stride_wm, stride_rsq,
     INT4: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP: tl.constexpr, UNPACK: tl.constexpr, SPLIT: tl.constexpr, EVEN: tl.constexpr, DEFER_SUM: tl.constexpr,
     NUM_STAGES: tl.constexpr, TILED: tl.constexpr, EPILOGUE: tl.constexpr, NORM_N: tl.constexpr,
     NORM_WHOLE: tl.constexpr, BLOCKS_N: tl.constexpr, X_WORDS: tl.constexpr, PTX: tl.constexpr,
-    FINISH: tl.constexpr = True,
+    FINISH: tl.constexpr = True, ROW_NORM_PARTS: tl.constexpr = 0, ROW_NORM_POW2: tl.constexpr = 1,
 ):
     """One program: output rows [pid_n * BLOCK_N, +BLOCK_N) for the ``ROWS`` (1-4) rows of x, over its slice of K.
 
@@ -128,6 +128,8 @@ def _quantized_gemv_kernel(
     launches); the program that counts last adds the slices in slice order, stores the output and sets the
     counter back to zero. No zeroed output, no cast afterwards, and the same sum whichever program finishes.
     Without ``FINISH`` the slices' sums are left for the kernel that reads them to add (``sliced_sums.py``).
+    ``ROW_NORM_PARTS``: x's words are a deferred norm's (``deferred_norm.py``), and each row's finished sums are
+    multiplied by its 1 / rms, from its parts of the sum of squares at ``rsq_ptr``, before the epilogue.
 
     ``EPILOGUE`` (``gemv_epilogues.py``): what the finishing program does with a block's sums, the output stored
     as it is, as ``silu(gate) * up`` (then W's rows are gate/up pairs and N counts the pairs), or added into the
@@ -270,6 +272,8 @@ def _quantized_gemv_kernel(
             if done_before == num_slices - 1:
                 for r in tl.static_range(ROWS):
                     total = _add_slices(part_ptr + r * part_n, lanes, col_ok, num_slices, ROWS * part_n)
+                    if ROW_NORM_PARTS > 0:
+                        total = total * row_rstd(rsq_ptr + r * stride_rsq, ROW_NORM_PARTS, ROW_NORM_POW2, K, eps)
                     finish_row(total, r, lanes, col_ok, N, out_ptr, stride_om, res_ptr, stride_rm, sq_ptr, EPILOGUE,
                                BLOCK_N)
                 tl.atomic_xchg(count_ptr + pid_n, 0, sem="relaxed")  # ready for the next launch (or graph replay)
@@ -280,6 +284,14 @@ def _quantized_gemv_kernel(
                     norm_when_last(out_ptr, stride_om, res_ptr, stride_rm, norm_w_ptr, sq_ptr, count_ptr + blocks, N,
                                    eps, ROWS, NORM_N, NORM_WHOLE, BLOCKS_N)
     else:
+        if ROW_NORM_PARTS > 0:  # each row's deferred 1 / rms
+            acc0 = acc0 * row_rstd(rsq_ptr, ROW_NORM_PARTS, ROW_NORM_POW2, K, eps)
+            if ROWS > 1:
+                acc1 = acc1 * row_rstd(rsq_ptr + stride_rsq, ROW_NORM_PARTS, ROW_NORM_POW2, K, eps)
+            if ROWS > 2:
+                acc2 = acc2 * row_rstd(rsq_ptr + 2 * stride_rsq, ROW_NORM_PARTS, ROW_NORM_POW2, K, eps)
+            if ROWS > 3:
+                acc3 = acc3 * row_rstd(rsq_ptr + 3 * stride_rsq, ROW_NORM_PARTS, ROW_NORM_POW2, K, eps)
         finish_row(acc0, 0, lanes, col_ok, N, out_ptr, stride_om, res_ptr, stride_rm, sq_ptr, EPILOGUE, BLOCK_N)
         if ROWS > 1:
             finish_row(acc1, 1, lanes, col_ok, N, out_ptr, stride_om, res_ptr, stride_rm, sq_ptr, EPILOGUE, BLOCK_N)
@@ -469,15 +481,15 @@ def quantized_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tenso
 
 def _gemv(x, qweight, scales, m, n, k, int4, config, split_k, epilogue: _Epilogue = _Epilogue(),
           x_words: torch.Tensor | None = None, leave_slices: bool = False) -> torch.Tensor:
-    """The GEMV's launch; returns ``[M, N]`` (``[M, N // 2]`` after SiLU * up), or with ``leave_slices`` and K
-    in slices the slices' float32 sums unadded, ``[slices, M, N rounded up to whole blocks]``."""
+    """The GEMV's launch; returns ``[M, N]`` (``[M, N // 2]`` after SiLU * up), or with ``leave_slices`` the
+    slices' float32 sums unadded (one or more), ``[slices, M, N rounded up to whole blocks]``."""
     if not 1 <= split_k <= MAX_SPLIT_K:
         raise ValueError(f"split_k must be in [1, {MAX_SPLIT_K}], got {split_k}")
-    if leave_slices and (epilogue.name != "none" or m > GEMV_MAX_ROWS):
+    if leave_slices and (epilogue.name != "none" or epilogue.row_squares is not None or m > GEMV_MAX_ROWS):
         raise ValueError("a GEMV leaves its slices unadded only without an epilogue and with at most "
                          f"{GEMV_MAX_ROWS} rows of x, got {m}")
     if m > GEMV_MAX_ROWS:  # the kernel holds one accumulator per row of x: a few rows per launch
-        if epilogue.name != "none":
+        if epilogue.name != "none" or epilogue.row_squares is not None:
             raise ValueError(f"a GEMV epilogue takes at most {GEMV_MAX_ROWS} rows of x, got {m}")
         return torch.cat([_gemv(x[i:i + GEMV_MAX_ROWS], qweight, scales, min(GEMV_MAX_ROWS, m - i), n, k, int4,
                                 config, split_k, x_words=None if x_words is None else x_words[i:i + GEMV_MAX_ROWS])
@@ -490,7 +502,7 @@ def _gemv(x, qweight, scales, m, n, k, int4, config, split_k, epilogue: _Epilogu
     blocks = triton.cdiv(outputs, per_block)
     out = x.new_empty((m, outputs))
     partial_sums = counters = squares = words_out = out  # not read unless split, normalised or writing words
-    if split_k > 1:  # each slice's float32 sums, and a counter per row block
+    if split_k > 1 or leave_slices:  # each slice's float32 sums (a GEMV leaving them: even one slice's)
         partial_sums = torch.empty((split_k, m, blocks * config.block_n), dtype=torch.float32, device=x.device)
     x_words_out = silu and epilogue.words is not None  # SiLU * up's outputs as 16-bit integers too
     if x_words_out:
@@ -498,7 +510,6 @@ def _gemv(x, qweight, scales, m, n, k, int4, config, split_k, epilogue: _Epilogu
         if GROUP_SIZE % per_block or outputs % GROUP_SIZE:
             raise ValueError(f"silu_and_mul writes words only where each group of {GROUP_SIZE} outputs is whole "
                              f"programs' ({per_block} outputs a program, {outputs} outputs)")
-    leave_slices = leave_slices and split_k > 1
     # a counter per row block where a finishing program adds the slices; after them the norm's, the groups'
     if (split_k > 1 and not leave_slices) or epilogue.name == "add_rms_norm" or x_words_out:
         counters = _split_counters(x.device, blocks + 1 + (outputs // GROUP_SIZE if x_words_out else 0))
@@ -509,6 +520,8 @@ def _gemv(x, qweight, scales, m, n, k, int4, config, split_k, epilogue: _Epilogu
     even = outputs % per_block == 0 and k % config.block_k == 0 and k_per_split % config.block_k == 0
     if config.unpack == "dp4a" and x.dtype == torch.float32:  # 16-bit x is finer than bf16's, not float32's
         config = replace(config, unpack="subnormal")
+    if epilogue.row_squares is not None and not (int4 and config.unpack == "dp4a" and x_words is not None):
+        raise ValueError("a deferred norm's rows are multiplied as words, by int4's GEMV on dp4a only")
     words = int4 and config.unpack in ("subnormal", "dp4a")
     if words:  # the kernel reads int4 as int32 words of 8 nibbles (rows of K // 2 bytes: whole words)
         qweight = qweight.view(torch.int32)
@@ -517,16 +530,22 @@ def _gemv(x, qweight, scales, m, n, k, int4, config, split_k, epilogue: _Epilogu
         x_in = int16_x(x) if x_words is None else _checked_words(x_words, m, k, x.device)
     width = GROUP_SIZE // 8 if words else GROUP_SIZE // 2 if int4 else config.block_k  # elements a row load reads
     per_thread = m * config.block_n * width // (32 * config.num_warps)  # the deferred sums' registers
+    row_squares = out if epilogue.row_squares is None else epilogue.row_squares
+    norm_parts = 0 if epilogue.row_squares is None else row_squares.shape[1]
+    if norm_parts and (row_squares.shape[0] != m or row_squares.dtype != torch.float32 or row_squares.stride(1) != 1):
+        raise ValueError(f"row_squares must be float32 [{m}, parts], contiguous along its rows; got "
+                         f"{row_squares.dtype} {tuple(row_squares.shape)}")
     _quantized_gemv_kernel[(blocks, split_k)](
-        x_in, qweight, scales, out, partial_sums, counters, residual, norm_weight, squares, words_out, outputs, k,
-        k_per_split, epilogue.eps, x_in.stride(0), qweight.stride(0), scales.stride(0), scales.stride(-1),
-        out.stride(0), residual.stride(0), words_out.stride(0),
+        x_in, qweight, scales, out, partial_sums, counters, residual, norm_weight, squares, words_out, row_squares,
+        outputs, k, k_per_split, epilogue.eps, x_in.stride(0), qweight.stride(0), scales.stride(0), scales.stride(-1),
+        out.stride(0), residual.stride(0), words_out.stride(0), row_squares.stride(0),
         INT4=int4, ROWS=m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP=GROUP_SIZE,
-        UNPACK=UNPACK_MODES.index(config.unpack), SPLIT=split_k > 1, EVEN=even,
+        UNPACK=UNPACK_MODES.index(config.unpack), SPLIT=split_k > 1 or leave_slices, EVEN=even,
         DEFER_SUM=config.defer_sum and per_thread <= MAX_DEFERRED_PER_THREAD,
         NUM_STAGES=config.num_stages, TILED=qweight.dim() == 4, EPILOGUE=epilogue_index(epilogue.name),
         **_norm_constants(epilogue.name, outputs, blocks, m), X_WORDS=x_words_out,
-        PTX=not runs_interpreted(x.device), FINISH=not leave_slices,
+        PTX=not runs_interpreted(x.device), FINISH=not leave_slices, ROW_NORM_PARTS=norm_parts,
+        ROW_NORM_POW2=triton.next_power_of_2(max(norm_parts, 1)),
         num_warps=config.num_warps,
     )
     return partial_sums if leave_slices else out

@@ -29,14 +29,21 @@ import triton.language as tl
 from milestones.m08_triton_kernel.device_kernel import device_kernel
 from milestones.m12_async_scheduling.fused_kernels import qk_norm_rope_head
 
+from .gemv_epilogues import row_rstd
+
 
 @dataclass(frozen=True)
 class SlicedSums:
-    """A split GEMV's output left unadded: ``parts`` ``[slices, M, N or more]`` float32, each slice of K's sums;
-    the output is their sum in slice order, rounded to ``dtype``."""
+    """A GEMV's output left unadded: ``parts`` ``[slices, M, N or more]`` float32, each slice of K's sums; the
+    output is their sum in slice order, rounded to ``dtype``. ``row_squares`` (with ``eps`` and x's ``x_dim`` values a
+    row): x was a deferred norm's (``deferred_norm.py``), and each row's sum is multiplied by its 1 / rms before
+    the rounding."""
 
     parts: torch.Tensor
     dtype: torch.dtype
+    row_squares: torch.Tensor | None = None
+    eps: float = 0.0
+    x_dim: int = 0
 
 
 @triton.jit
@@ -51,15 +58,22 @@ def add_slices(first_slice, mask, stride_slice, SLICES: tl.constexpr):
 @device_kernel
 @triton.jit
 def _sliced_qk_norm_rope_kernel(parts_ptr, weight_ptr, cos_ptr, sin_ptr, positions_ptr, q_ptr, k_ptr, v_ptr, eps,
-                                stride_slice, stride_pm, stride_table, SLICES: tl.constexpr, HEADS: tl.constexpr,
-                                KV_HEADS: tl.constexpr, DIM: tl.constexpr, HALF: tl.constexpr):
+                                rsq_ptr, x_eps, x_dim, stride_slice, stride_pm, stride_table, stride_rsq,
+                                SLICES: tl.constexpr, HEADS: tl.constexpr, KV_HEADS: tl.constexpr, DIM: tl.constexpr,
+                                HALF: tl.constexpr, ROW_NORM_PARTS: tl.constexpr, ROW_NORM_POW2: tl.constexpr):
     token = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)  # query heads, then K heads, then V heads
     first = tl.arange(0, HALF)
     row = parts_ptr + token * stride_pm + head * DIM + first
+    x1 = add_slices(row, first < HALF, stride_slice, SLICES)
+    x2 = add_slices(row + HALF, first < HALF, stride_slice, SLICES)
+    if ROW_NORM_PARTS > 0:  # x's deferred 1 / rms (the input norm's), over its x_dim values
+        rstd = row_rstd(rsq_ptr + token * stride_rsq, ROW_NORM_PARTS, ROW_NORM_POW2, x_dim, x_eps)
+        x1 = x1 * rstd
+        x2 = x2 * rstd
     dtype = q_ptr.dtype.element_ty  # each value rounded as the GEMV would have stored it
-    x1 = add_slices(row, first < HALF, stride_slice, SLICES).to(dtype)
-    x2 = add_slices(row + HALF, first < HALF, stride_slice, SLICES).to(dtype)
+    x1 = x1.to(dtype)
+    x2 = x2.to(dtype)
     if head < HEADS + KV_HEADS:
         qk_norm_rope_head(x1, x2, token, head, weight_ptr, cos_ptr, sin_ptr, positions_ptr, q_ptr, k_ptr, eps,
                           stride_table, KV_HEADS, HEADS, DIM, HALF)
@@ -79,9 +93,13 @@ def sliced_qk_norm_rope(qkv: SlicedSums, num_heads: int, num_kv_heads: int, head
                          f"contiguous; got {tuple(qkv.parts.shape)}")
     q = torch.empty((tokens, num_heads, head_dim), dtype=qkv.dtype, device=qkv.parts.device)
     k, v = (torch.empty((tokens, num_kv_heads, head_dim), dtype=qkv.dtype, device=q.device) for _ in range(2))
+    squares = qkv.row_squares
+    parts = 0 if squares is None else squares.shape[1]
     if tokens:
         _sliced_qk_norm_rope_kernel[(tokens, num_heads + 2 * num_kv_heads)](
-            qkv.parts, norm_weight, cos, signed_sin, positions, q, k, v, eps, qkv.parts.stride(0),
-            qkv.parts.stride(1), cos.stride(0), SLICES=slices, HEADS=num_heads, KV_HEADS=num_kv_heads,
-            DIM=head_dim, HALF=head_dim // 2, num_warps=1)
+            qkv.parts, norm_weight, cos, signed_sin, positions, q, k, v, eps, q if squares is None else squares,
+            qkv.eps, qkv.x_dim, qkv.parts.stride(0), qkv.parts.stride(1), cos.stride(0),
+            0 if squares is None else squares.stride(0), SLICES=slices, HEADS=num_heads, KV_HEADS=num_kv_heads,
+            DIM=head_dim, HALF=head_dim // 2, ROW_NORM_PARTS=parts, ROW_NORM_POW2=triton.next_power_of_2(max(parts, 1)),
+            num_warps=1)
     return q, k, v
