@@ -18,8 +18,7 @@ the same bits. The readers are the norm after o_proj and down_proj (``deferred_n
 writes v, the one part of q/k/v it does not rotate; after a deferred norm it multiplies each row's sums by the
 norm's 1 / rms first. ``epilogue_layers.py`` decides where (int4's GEMV on ``dp4a``). On the H200 the batch-1
 step went from 2.18x bf16's to 2.24x, 2 rows from 1.83x to 1.93x, 4 from 1.29x to 1.39x
-(``results/h200/m13_step_times+sliced-sums.json``); vLLM's split-K GEMMs finish in the kernel or with a
-reduction kernel of their own, not in the next layer's kernel.
+(``results/h200/m13_step_times+sliced-sums.json``).
 """
 
 from __future__ import annotations
