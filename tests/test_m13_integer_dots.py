@@ -168,7 +168,6 @@ def test_norms_before_dp4a_gemvs_hand_them_their_integers(deferred, monkeypatch)
         norm = getattr(epilogue_layers, name)
         monkeypatch.setattr(epilogue_layers, name, lambda *args, norm=norm: normed.append(norm(*args)) or normed[-1])
     monkeypatch.setattr(epilogue_layers, "NORM_EPILOGUE_MAX_ROWS", 0)  # m12's norm, whose bits the exact one keeps
-    monkeypatch.setattr(epilogue_layers, "DEFERRED_NORM_MAX_ROWS", 4 if deferred else 0)
     outputs = {}
     for rows in (4, 0):  # a norm writes integers up to 4 rows of x; then never
         monkeypatch.setattr(epilogue_layers, "INTEGER_X_MAX_ROWS", rows)
@@ -355,12 +354,11 @@ def test_q_k_norm_rope_adds_the_slices_q_k_v_leaves():
     assert all(torch.equal(a, b) for a, b in zip(got, (q, k, v)))
 
 
-@pytest.mark.parametrize("deferred", [False, True], ids=["exact-norm", "deferred-norm"])
-def test_the_decoders_readers_add_its_gemvs_slices(deferred, monkeypatch):
+def test_the_decoders_readers_add_its_gemvs_slices(monkeypatch):
     """The decoder at one row, int4 on dp4a, with q/k/v, o_proj and down_proj long enough in K to be cut into
     slices: the kernels after them add the slices, and the output is the same to the bit as with the GEMVs
-    adding them (with either norm; after a deferred norm q/k/v always leaves its slices: they are where 1 / rms
-    is multiplied)."""
+    adding them (after the deferred norm q/k/v always leaves its slices: they are where 1 / rms is multiplied;
+    the exact norm's readers are checked one by one above)."""
     from milestones.m01_naive_loop.loader import build_model, init_random_, preset_config
     from milestones.m13_quantization import epilogue_matmuls
     from milestones.m13_quantization.epilogue_layers import EpilogueCausalLM
@@ -369,14 +367,13 @@ def test_the_decoders_readers_add_its_gemvs_slices(deferred, monkeypatch):
 
     config = preset_config("tiny")
     config.num_hidden_layers, config.num_attention_heads, config.num_key_value_heads = 2, 4, 1
-    config.hidden_size, config.head_dim, config.intermediate_size = 512, 128, 768  # K: 512, 512 and 768
+    config.hidden_size, config.head_dim, config.intermediate_size = 512, 128, 512  # K: 512 each, 2 slices
     model = build_model(config, DEVICE, torch.bfloat16)
     init_random_(model, 0, std=config.initializer_range)
     decoder = EpilogueCausalLM(quantize_model_(model, "int4", "triton"))
     left, leave = [], epilogue_matmuls.quantized_matmul_slices
     monkeypatch.setattr(epilogue_layers, "quantized_matmul_slices",
                         lambda *args, **kw: left.append(leave(*args, **kw)) or left[-1])
-    monkeypatch.setattr(epilogue_layers, "DEFERRED_NORM_MAX_ROWS", 4 if deferred else 0)
     outputs = {}
     for rows in (4, 0):  # the readers add the slices up to 4 rows of x; then never
         monkeypatch.setattr(epilogue_layers, "NORM_ADDS_SLICES_MAX_ROWS", rows)
@@ -384,9 +381,9 @@ def test_the_decoders_readers_add_its_gemvs_slices(deferred, monkeypatch):
         with torch.no_grad():  # attention stood in for by q and v
             outputs[rows] = decoder(torch.tensor([5], device=DEVICE), torch.tensor([3], device=DEVICE),
                                     lambda layer, q, k, v: q + v.repeat_interleave(4, dim=1) + k.sum())
-    # q/k/v, o_proj, down_proj, then q/k/v (here only after the exact norm) and o_proj (the last layer's norm is
-    # the head's: no integers)
-    assert [isinstance(sums, SlicedSums) for sums in left] == [True] * (4 if deferred else 5)
+    # q/k/v, o_proj, down_proj, then o_proj (layer 1's q/k/v reads the deferred norm's rows: deferred_matmul_slices;
+    # the last layer's norm is the head's: no integers)
+    assert [isinstance(sums, SlicedSums) for sums in left] == [True] * 4
     assert torch.equal(outputs[4], outputs[0])
 
 
