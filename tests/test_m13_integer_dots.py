@@ -168,6 +168,7 @@ def test_norms_before_dp4a_gemvs_hand_them_their_integers(deferred, monkeypatch)
         norm = getattr(epilogue_layers, name)
         monkeypatch.setattr(epilogue_layers, name, lambda *args, norm=norm: normed.append(norm(*args)) or normed[-1])
     monkeypatch.setattr(epilogue_layers, "NORM_EPILOGUE_MAX_ROWS", 0)  # m12's norm, whose bits the exact one keeps
+    monkeypatch.setattr(epilogue_layers, "DEFERRED_NORM_MAX_ROWS", 4 if deferred else 0)
     outputs = {}
     for rows in (4, 0):  # a norm writes integers up to 4 rows of x; then never
         monkeypatch.setattr(epilogue_layers, "INTEGER_X_MAX_ROWS", rows)
