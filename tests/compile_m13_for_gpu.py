@@ -88,8 +88,29 @@ def matmul_jobs(candidates: bool, quick: bool = False):
                             integer_norm.add_rms_norm_int16(torch.zeros(m, hidden, dtype=dtype),
                                                             torch.zeros(m, hidden, dtype=dtype),
                                                             torch.ones(hidden, dtype=dtype), 1e-6)
+                            if dtype != torch.float32 and config.unpack == "dp4a":  # slices left to readers
+                                readers_jobs(x, w, s, m, hidden, dtype, config)
                 jobs.append((f"matmul {method} {label} M={m} {str(dtype)[6:]}", job))
     return jobs
+
+
+def readers_jobs(x, w, s, m, hidden, dtype, config):
+    """int4 on dp4a: a GEMV leaving its slices, the norms that add them (exact and deferred), gate_up's GEMV and
+    q/k norm + RoPE reading the deferred norm's rows (``sliced_sums.py``, ``deferred_norm.py``)."""
+    from milestones.m13_quantization import deferred_norm, epilogue_matmuls, integer_norm, sliced_sums
+
+    def zeros():
+        return torch.zeros(m, hidden, dtype=dtype)
+
+    sums = epilogue_matmuls.quantized_matmul_slices(x, w, s, "int4", config=config, split_k=4)
+    integer_norm.add_rms_norm_int16(sums, zeros(), torch.ones(hidden, dtype=dtype), 1e-6)
+    rows = deferred_norm.deferred_add_rms_norm(sums, zeros(), torch.ones(hidden, dtype=dtype), 1e-6)
+    epilogue_matmuls.quantized_silu_and_mul(rows, w, s, "int4", config=config)
+    heads, kv_heads, dim = 24, 4, 128  # q/k/v: 4,096 outputs
+    table = torch.zeros(64, dim, dtype=dtype)
+    sliced_sums.sliced_qk_norm_rope(epilogue_matmuls.deferred_matmul_slices(rows, w, s, "int4", config=config),
+                                    heads, kv_heads, dim, torch.ones(heads + kv_heads, dim, dtype=dtype), table,
+                                    table, torch.zeros(m, dtype=torch.long), 1e-6)
 
 
 def fp8_jobs(quick: bool = False):
@@ -159,13 +180,15 @@ def main(argv: list[str] | None = None) -> int:
     from triton.runtime.driver import driver
 
     from milestones.m08_triton_kernel import paged_decode_kernel, store_kv_kernel
-    from milestones.m13_quantization import (dequant_matmul, integer_dots, integer_norm, matmul_kernels,
-                                             swap_ab_matmul)
+    from milestones.m13_quantization import (deferred_norm, dequant_matmul, integer_dots, integer_norm,
+                                             matmul_kernels, sliced_sums, swap_ab_matmul)
 
     driver.set_active(TargetOnlyDriver(GPUTarget("cuda", args.arch, 32)))
     compiled: list = []
     for module, names in ((matmul_kernels, ("_quantized_gemv_kernel", "_quantized_dot_kernel")),
-                          (integer_dots, ("_int16_x_kernel",)), (integer_norm, ("_add_rms_norm_int16_kernel",)),
+                          (integer_dots, ("_int16_x_kernel",)),
+                          (integer_norm, ("_add_rms_norm_int16_kernel", "_slices_add_rms_norm_int16_kernel")),
+                          (deferred_norm, ("_deferred_norm_kernel",)), (sliced_sums, ("_sliced_qk_norm_rope_kernel",)),
                           (dequant_matmul, ("_dequantize_kernel",)), (swap_ab_matmul, ("_swap_ab_kernel",)),
                           (paged_decode_kernel, ("_paged_decode_kernel", "_combine_splits_kernel")),
                           (store_kv_kernel, ("_store_kv_kernel",))):
