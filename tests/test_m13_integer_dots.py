@@ -437,3 +437,29 @@ def test_the_deferred_norm_leaves_1_over_rms_to_its_readers(rows, d):
         quantized_silu_and_mul(deferred, packed, scales, "int4", config=LAUNCH_TABLE["int4"]["small"])
     with pytest.raises(ValueError, match="multiple of 128"):
         deferred_add_rms_norm(x[:, :200].contiguous(), residual[:, :200].contiguous(), weight[:200], 1e-6)
+
+
+def test_the_decoder_takes_no_tokens_and_deferred_rows_refuse_other_matmuls():
+    """An empty step gives an empty output (no integer path at 0 rows); a deferred norm's rows given to a matmul
+    that would read x itself (int8 here) are refused in one line, never multiplied as the unwritten stand-in."""
+    from milestones.m01_naive_loop.loader import build_model, init_random_, preset_config
+    from milestones.m13_quantization.epilogue_layers import EpilogueCausalLM
+    from milestones.m13_quantization.epilogue_matmuls import deferred_matmul_slices
+    from milestones.m13_quantization.quantize import quantize_int8
+    from milestones.m13_quantization.quantized_loader import quantize_model_
+
+    config = preset_config("tiny")
+    config.num_hidden_layers = 1
+    model = build_model(config, DEVICE, torch.bfloat16)
+    init_random_(model, 0, std=config.initializer_range)
+    decoder = EpilogueCausalLM(quantize_model_(model, "int4", "triton"))
+    with torch.no_grad():
+        out = decoder(torch.zeros(0, dtype=torch.long, device=DEVICE), torch.zeros(0, dtype=torch.long, device=DEVICE),
+                      lambda layer, q, k, v: q)
+    assert out.shape == (0, config.hidden_size)
+    gen = torch.Generator().manual_seed(0)
+    x, residual = (torch.randn(1, 256, generator=gen).to(torch.bfloat16).to(DEVICE) for _ in range(2))
+    rows = deferred_add_rms_norm(x, residual, torch.ones(256, dtype=torch.bfloat16, device=DEVICE), 1e-6)
+    q8, s8 = quantize_int8(torch.randn(128, 256, generator=gen))
+    with pytest.raises(ValueError, match="multiplied as words, by int4's GEMV on dp4a only"):
+        deferred_matmul_slices(rows, q8.to(DEVICE), s8.to(DEVICE), "int8")

@@ -88,7 +88,7 @@ def _multiplies_integers(proj: nn.Module | None, rows: int, dtype: torch.dtype) 
     if proj is None or not _on_triton(proj) or proj.method != "int4" or dtype == torch.float32:
         return False  # float32 x keeps the float GEMV (matmul_kernels._gemv)
     config = LAUNCH_TABLE["int4"][regime(rows, "int4")]
-    return rows <= INTEGER_X_MAX_ROWS and config.kernel == "gemv" and config.unpack == "dp4a"
+    return 0 < rows <= INTEGER_X_MAX_ROWS and config.kernel == "gemv" and config.unpack == "dp4a"
 
 
 def _project(proj: nn.Module, x: torch.Tensor, words: torch.Tensor | None) -> torch.Tensor:

@@ -123,7 +123,9 @@ def deferred_matmul_slices(x: DeferredRows, qweight: torch.Tensor, scales: torch
                            config: QuantMatmulConfig | None = None) -> SlicedSums:
     """``quantized_matmul_slices`` of a deferred norm's rows: the slices, to be multiplied by each row's 1 / rms
     where they are added (``sliced_sums.sliced_qk_norm_rope``)."""
+    m, _, _, plan, _ = _plan(x.stand_in(), qweight, scales, method, config, None)
+    if method != "int4" or x.dtype == torch.float32 or plan.unpack != "dp4a" or not _folds(m, plan):
+        raise ValueError("a deferred norm's rows are multiplied as words, by int4's GEMV on dp4a only "
+                         f"(at most {GEMV_MAX_ROWS} rows of bf16 or fp16 x); got {method}, {x.dtype}, {m} rows")
     sums = quantized_matmul_slices(x.stand_in(), qweight, scales, method, config=config, x_words=x.words)
-    if not isinstance(sums, SlicedSums):
-        _refuse_deferred(_Epilogue(row_squares=x.squares), x.words.shape[0])
     return replace(sums, row_squares=x.squares, eps=x.eps, x_dim=x.dim)
