@@ -73,7 +73,7 @@ SILU_WORDS_MAX_ROWS = 1
 # up to this many rows (0: never): o_proj's and down_proj's by the norm that writes the integers, q/k/v's by q/k
 # norm + RoPE
 NORM_ADDS_SLICES_MAX_ROWS = 4
-ROPE_ADDS_SLICES_MAX_ROWS = 4
+ROPE_ADDS_SLICES_MAX_ROWS = 4  # after a deferred norm q/k/v leaves its slices whatever this says (1 / rms is there)
 # The norm before q/k/v and gate_up run as 8 programs a row, with 1 / rms left to the reader (deferred_norm.py),
 # up to this many rows (0: never; the norm that writes the integers in one program a row, integer_norm.py)
 DEFERRED_NORM_MAX_ROWS = 4
@@ -99,7 +99,9 @@ def _project(proj: nn.Module, x: torch.Tensor, words: torch.Tensor | None) -> to
 class EpilogueQwen3Model(FusedQwen3Model):
     """``FusedQwen3Model`` whose quantized ``gate_up_proj`` finishes SiLU * up in its own kernel, and ``o_proj``
     and ``down_proj`` the add + norm at one row, unless the GEMV after the norm is on ``dp4a``: then the norm
-    writes that GEMV's x as integers too (as the combine does o_proj's, and gate_up's GEMV down_proj's)."""
+    writes that GEMV's x as integers too (as the combine does o_proj's, and gate_up's GEMV down_proj's): by
+    default the deferred norm, whose 1 / rms q/k/v's reader and gate_up's GEMV multiply, after adding the
+    slices o_proj and down_proj leave."""
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__(model)
