@@ -96,8 +96,9 @@ def matmul_jobs(candidates: bool, quick: bool = False):
 
 def readers_jobs(x, w, s, m, hidden, dtype, config):
     """int4 on dp4a: a GEMV leaving its slices, the norms that add them (exact and deferred), gate_up's GEMV and
-    q/k norm + RoPE reading the deferred norm's rows (``sliced_sums.py``, ``deferred_norm.py``)."""
-    from milestones.m13_quantization import deferred_norm, epilogue_matmuls, integer_norm, sliced_sums
+    q/k norm + RoPE reading the deferred norm's rows (``sliced_sums.py``, ``deferred_norm.py``), also writing K/V
+    into a cache (``kv_at_rope.py``)."""
+    from milestones.m13_quantization import deferred_norm, epilogue_matmuls, integer_norm, kv_at_rope, sliced_sums
 
     def zeros():
         return torch.zeros(m, hidden, dtype=dtype)
@@ -108,9 +109,15 @@ def readers_jobs(x, w, s, m, hidden, dtype, config):
     epilogue_matmuls.quantized_silu_and_mul(rows, w, s, "int4", config=config)
     heads, kv_heads, dim = 24, 4, 128  # q/k/v: 4,096 outputs
     table = torch.zeros(64, dim, dtype=dtype)
-    sliced_sums.sliced_qk_norm_rope(epilogue_matmuls.deferred_matmul_slices(rows, w, s, "int4", config=config),
-                                    heads, kv_heads, dim, torch.ones(heads + kv_heads, dim, dtype=dtype), table,
-                                    table, torch.zeros(m, dtype=torch.long), 1e-6)
+    qkv = epilogue_matmuls.deferred_matmul_slices(rows, w, s, "int4", config=config)
+    rope_args = (heads, kv_heads, dim, torch.ones(heads + kv_heads, dim, dtype=dtype), table, table,
+                 torch.zeros(m, dtype=torch.long), 1e-6)
+    sliced_sums.sliced_qk_norm_rope(qkv, *rope_args)
+    for cache_dtype in (dtype, torch.float8_e4m3fn):  # K/V written into the cache (kv_at_rope.py)
+        cache = torch.zeros(64, kv_heads, dim, dtype=cache_dtype)
+        scales = {"k_scale": torch.ones(1), "v_scale": torch.ones(1)} if cache_dtype != dtype else {}
+        sliced_sums.sliced_qk_norm_rope(qkv, *rope_args, cache=kv_at_rope.CacheSlots(
+            cache, cache.clone(), torch.arange(m), **scales))
 
 
 def fp8_jobs(quick: bool = False):

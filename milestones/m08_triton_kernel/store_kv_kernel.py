@@ -24,7 +24,7 @@ from .paged_decode_kernel import SUPPORTED_DTYPES
 
 
 @triton.jit
-def _to_fp8(x, scale_ptr, ROUND_FIRST: tl.constexpr):
+def scaled_fp8(x, scale_ptr, ROUND_FIRST: tl.constexpr):
     """``x / scale`` as float8_e4m3 (m13's FP8 cache): clamped to its largest value, 448, rounded to nearest.
 
     ``ROUND_FIRST``: round in float32 arithmetic, then convert a value FP8 holds exactly. Triton's interpreter
@@ -56,8 +56,8 @@ def _store_kv_kernel(k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_mapping_ptr,
     k = tl.load(k_ptr + token * stride_k_token + cols, mask=mask)
     v = tl.load(v_ptr + token * stride_v_token + cols, mask=mask)
     if KV_FP8:  # m13: an FP8 cache stores x / scale (one float32 scale per layer for K and for V)
-        k = _to_fp8(k, k_scale_ptr, ROUND_FIRST)
-        v = _to_fp8(v, v_scale_ptr, ROUND_FIRST)
+        k = scaled_fp8(k, k_scale_ptr, ROUND_FIRST)
+        v = scaled_fp8(v, v_scale_ptr, ROUND_FIRST)
     tl.store(k_cache_ptr + slot * stride_k_slot + cols, k, mask=mask)
     tl.store(v_cache_ptr + slot * stride_v_slot + cols, v, mask=mask)
 

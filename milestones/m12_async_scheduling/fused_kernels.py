@@ -83,10 +83,10 @@ def _qk_norm_rope_kernel(qkv_ptr, weight_ptr, cos_ptr, sin_ptr, positions_ptr, q
 
 
 @triton.jit
-def qk_norm_rope_head(x1, x2, token, head, weight_ptr, cos_ptr, sin_ptr, positions_ptr, q_ptr, k_ptr, eps,
-                      stride_table, KV_HEADS, HEADS: tl.constexpr, DIM: tl.constexpr, HALF: tl.constexpr):
-    """One q or k head of one token, its halves ``x1``, ``x2`` loaded: normalised, rotated and stored (a seam:
-    m13 loads them from a split matmul's slices)."""
+def qk_norm_rope_values(x1, x2, token, head, weight_ptr, cos_ptr, sin_ptr, positions_ptr, eps, stride_table,
+                        DIM: tl.constexpr, HALF: tl.constexpr):
+    """One q or k head of one token, its halves ``x1``, ``x2`` loaded: normalised and rotated, in float32 (a seam:
+    m13 stores a K head in the paged cache)."""
     first = tl.arange(0, HALF)
     x1 = x1.to(tl.float32)
     x2 = x2.to(tl.float32)
@@ -96,7 +96,17 @@ def qk_norm_rope_head(x1, x2, token, head, weight_ptr, cos_ptr, sin_ptr, positio
     position = tl.load(positions_ptr + token).to(tl.int64)
     cos = tl.load(cos_ptr + position * stride_table + first).to(tl.float32)
     sin = tl.load(sin_ptr + position * stride_table + HALF + first).to(tl.float32)  # signed_sin's +sin half
-    out1, out2 = x1 * cos - x2 * sin, x2 * cos + x1 * sin
+    return x1 * cos - x2 * sin, x2 * cos + x1 * sin
+
+
+@triton.jit
+def qk_norm_rope_head(x1, x2, token, head, weight_ptr, cos_ptr, sin_ptr, positions_ptr, q_ptr, k_ptr, eps,
+                      stride_table, KV_HEADS, HEADS: tl.constexpr, DIM: tl.constexpr, HALF: tl.constexpr):
+    """One q or k head of one token, its halves ``x1``, ``x2`` loaded: normalised, rotated and stored (a seam:
+    m13 loads them from a split matmul's slices)."""
+    first = tl.arange(0, HALF)
+    out1, out2 = qk_norm_rope_values(x1, x2, token, head, weight_ptr, cos_ptr, sin_ptr, positions_ptr, eps,
+                                     stride_table, DIM, HALF)
     dtype = q_ptr.dtype.element_ty
     if head < HEADS:
         out = q_ptr + (token * HEADS + head) * DIM

@@ -55,8 +55,13 @@ class FusedQwen3Model(nn.Module):
     def attend(self, attn: PackedAttention, x: torch.Tensor, positions: torch.Tensor,
                attention: AttentionFn) -> torch.Tensor:
         """The attention heads' output, ``[T, heads * dim]``, before ``o_proj``."""
-        q, k, v = self.rotate_qkv(attn, self.project_qkv(attn.qkv_proj, x), positions)
-        return attention(attn.layer_idx, q, k, v).reshape(-1, attn.num_heads * attn.head_dim)
+        heads = self.attend_qkv(attn, self.project_qkv(attn.qkv_proj, x), positions, attention)
+        return heads.reshape(-1, attn.num_heads * attn.head_dim)
+
+    def attend_qkv(self, attn: PackedAttention, qkv: torch.Tensor, positions: torch.Tensor,
+                   attention: AttentionFn) -> torch.Tensor:
+        """Attention over the packed projection's output (a seam: m13's RoPE writes K/V into the cache)."""
+        return attention(attn.layer_idx, *self.rotate_qkv(attn, qkv, positions))
 
     def rotate_qkv(self, attn: PackedAttention, qkv: torch.Tensor,
                    positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

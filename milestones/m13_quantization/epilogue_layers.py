@@ -57,6 +57,7 @@ from .epilogue_matmuls import (deferred_matmul_slices, quantized_add_rms_norm, q
                                quantized_silu_and_mul, quantized_silu_and_mul_int16)
 from .integer_heads import IntegerHeadsAttention
 from .integer_norm import IntegerRows, add_rms_norm_int16
+from .kv_at_rope import CacheSlots
 from .launch_config import LAUNCH_TABLE, regime
 from .matmul_kernels import quantized_matmul
 from .quantize import QuantizedLinear
@@ -77,6 +78,8 @@ ROPE_ADDS_SLICES_MAX_ROWS = 4  # after a deferred norm q/k/v leaves its slices w
 # The norm before q/k/v and gate_up run as 8 programs a row, with 1 / rms left to the reader (deferred_norm.py),
 # up to this many rows (0: never; the norm that writes the integers in one program a row, integer_norm.py)
 DEFERRED_NORM_MAX_ROWS = 4
+# In a decode graph, q/k norm + RoPE over q/k/v's slices writes K and V into the cache itself (kv_at_rope.py)
+ROPE_STORES_KV = True
 
 
 def _on_triton(proj: nn.Module) -> bool:
@@ -157,6 +160,17 @@ class EpilogueQwen3Model(FusedQwen3Model):
             return super().rotate_qkv(attn, qkv, positions)
         return sliced_qk_norm_rope(qkv, attn.num_heads, attn.num_kv_heads, attn.head_dim, attn.qk_norm_weight,
                                    self.rotary_emb.cos, self.rotary_emb.signed_sin, positions, attn.eps)
+
+    def attend_qkv(self, attn: nn.Module, qkv: torch.Tensor | SlicedSums, positions: torch.Tensor,
+                   attention) -> torch.Tensor:
+        if not (ROPE_STORES_KV and isinstance(qkv, SlicedSums) and isinstance(attention, GraphDecodeAttention)):
+            return super().attend_qkv(attn, qkv, positions, attention)
+        layer, cache = attn.layer_idx, attention.cache  # RoPE writes K/V where the graph's store would
+        scales = cache.kernel_scales(layer)
+        slots = CacheSlots(cache.k[layer], cache.v[layer], attention.slot_mapping, **scales)
+        q, _, _ = sliced_qk_norm_rope(qkv, attn.num_heads, attn.num_kv_heads, attn.head_dim, attn.qk_norm_weight,
+                                      self.rotary_emb.cos, self.rotary_emb.signed_sin, positions, attn.eps, slots)
+        return attention.decode(layer, q, **scales)
 
     def gate_up_silu(self, proj: nn.Module, x: torch.Tensor | IntegerRows | DeferredRows) -> torch.Tensor | IntegerRows:
         if isinstance(x, DeferredRows):  # the GEMV's finish multiplies by 1 / rms

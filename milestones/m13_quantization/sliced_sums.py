@@ -29,10 +29,11 @@ import torch
 import triton
 import triton.language as tl
 
-from milestones.m08_triton_kernel.device_kernel import device_kernel
-from milestones.m12_async_scheduling.fused_kernels import qk_norm_rope_head
+from milestones.m08_triton_kernel.device_kernel import device_kernel, runs_interpreted
+from milestones.m12_async_scheduling.fused_kernels import qk_norm_rope_head, qk_norm_rope_values
 
 from .gemv_epilogues import row_rstd
+from .kv_at_rope import CacheSlots, store_head_at_slot
 
 
 @dataclass(frozen=True)
@@ -62,8 +63,11 @@ def add_slices(first_slice, mask, stride_slice, SLICES: tl.constexpr):
 @triton.jit
 def _sliced_qk_norm_rope_kernel(parts_ptr, weight_ptr, cos_ptr, sin_ptr, positions_ptr, q_ptr, k_ptr, v_ptr, eps,
                                 rsq_ptr, x_eps, x_dim, stride_slice, stride_pm, stride_table, stride_rsq,
-                                SLICES: tl.constexpr, HEADS: tl.constexpr, KV_HEADS: tl.constexpr, DIM: tl.constexpr,
-                                HALF: tl.constexpr, ROW_NORM_PARTS: tl.constexpr, ROW_NORM_POW2: tl.constexpr):
+                                k_cache_ptr, v_cache_ptr, slot_ptr, stride_k_slot, stride_v_slot, k_scale_ptr,
+                                v_scale_ptr, SLICES: tl.constexpr, HEADS: tl.constexpr, KV_HEADS: tl.constexpr,
+                                DIM: tl.constexpr, HALF: tl.constexpr, ROW_NORM_PARTS: tl.constexpr,
+                                ROW_NORM_POW2: tl.constexpr, TO_CACHE: tl.constexpr, KV_FP8: tl.constexpr,
+                                ROUND_FIRST: tl.constexpr):
     token = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)  # query heads, then K heads, then V heads
     first = tl.arange(0, HALF)
@@ -77,9 +81,17 @@ def _sliced_qk_norm_rope_kernel(parts_ptr, weight_ptr, cos_ptr, sin_ptr, positio
     dtype = q_ptr.dtype.element_ty  # each value rounded as the GEMV would have stored it
     x1 = x1.to(dtype)
     x2 = x2.to(dtype)
-    if head < HEADS + KV_HEADS:
+    if head < HEADS or (head < HEADS + KV_HEADS and not TO_CACHE):
         qk_norm_rope_head(x1, x2, token, head, weight_ptr, cos_ptr, sin_ptr, positions_ptr, q_ptr, k_ptr, eps,
                           stride_table, KV_HEADS, HEADS, DIM, HALF)
+    elif head < HEADS + KV_HEADS:  # K, rotated and rounded as k would hold it, at the token's slot
+        k1, k2 = qk_norm_rope_values(x1, x2, token, head, weight_ptr, cos_ptr, sin_ptr, positions_ptr, eps,
+                                     stride_table, DIM, HALF)
+        store_head_at_slot(k1.to(dtype), k2.to(dtype), token, head - HEADS, k_cache_ptr, slot_ptr, stride_k_slot,
+                           k_scale_ptr, DIM, HALF, KV_FP8, ROUND_FIRST)
+    elif TO_CACHE:
+        store_head_at_slot(x1, x2, token, head - HEADS - KV_HEADS, v_cache_ptr, slot_ptr, stride_v_slot,
+                           v_scale_ptr, DIM, HALF, KV_FP8, ROUND_FIRST)
     else:
         out = v_ptr + (token * KV_HEADS + head - HEADS - KV_HEADS) * DIM
         tl.store(out + first, x1)
@@ -88,21 +100,32 @@ def _sliced_qk_norm_rope_kernel(parts_ptr, weight_ptr, cos_ptr, sin_ptr, positio
 
 def sliced_qk_norm_rope(qkv: SlicedSums, num_heads: int, num_kv_heads: int, head_dim: int,
                         norm_weight: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor,
-                        positions: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """m12's ``qk_norm_rope`` of q/k/v left in slices: q ``[T, heads, dim]``, k and v ``[T, kv_heads, dim]``."""
+                        positions: torch.Tensor, eps: float, cache: CacheSlots | None = None
+                        ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """m12's ``qk_norm_rope`` of q/k/v left in slices: q ``[T, heads, dim]``, k and v ``[T, kv_heads, dim]``; or,
+    given the ``cache``'s slots, q, and k and v written there instead (``kv_at_rope.py``): then (q, None, None)."""
     slices, tokens, width = qkv.parts.shape
     if width < (num_heads + 2 * num_kv_heads) * head_dim or qkv.parts.stride(-1) != 1:
         raise ValueError(f"q/k/v's slices must hold {(num_heads + 2 * num_kv_heads) * head_dim} outputs a row, "
                          f"contiguous; got {tuple(qkv.parts.shape)}")
     q = torch.empty((tokens, num_heads, head_dim), dtype=qkv.dtype, device=qkv.parts.device)
-    k, v = (torch.empty((tokens, num_kv_heads, head_dim), dtype=qkv.dtype, device=q.device) for _ in range(2))
+    if cache is None:
+        k, v = (torch.empty((tokens, num_kv_heads, head_dim), dtype=qkv.dtype, device=q.device) for _ in range(2))
+        kv_out, to_cache = (k, v), (q, q, q, 0, 0, None, None)  # q: a stand-in pointer the kernel never uses
+    else:
+        k = v = None
+        kv_out = (q, q)
+        to_cache = (cache.k_cache, cache.v_cache, cache.slot_mapping,
+                    *cache.row_strides(tokens, num_kv_heads, head_dim, qkv.dtype), cache.k_scale, cache.v_scale)
+    kv_fp8 = to_cache[-1] is not None
     squares = qkv.row_squares
     parts = 0 if squares is None else squares.shape[1]
     if tokens:
         _sliced_qk_norm_rope_kernel[(tokens, num_heads + 2 * num_kv_heads)](
-            qkv.parts, norm_weight, cos, signed_sin, positions, q, k, v, eps, q if squares is None else squares,
+            qkv.parts, norm_weight, cos, signed_sin, positions, q, *kv_out, eps, q if squares is None else squares,
             qkv.eps, qkv.x_dim, qkv.parts.stride(0), qkv.parts.stride(1), cos.stride(0),
-            0 if squares is None else squares.stride(0), SLICES=slices, HEADS=num_heads, KV_HEADS=num_kv_heads,
-            DIM=head_dim, HALF=head_dim // 2, ROW_NORM_PARTS=parts, ROW_NORM_POW2=triton.next_power_of_2(max(parts, 1)),
-            num_warps=1)
+            0 if squares is None else squares.stride(0), *to_cache, SLICES=slices, HEADS=num_heads,
+            KV_HEADS=num_kv_heads, DIM=head_dim, HALF=head_dim // 2, ROW_NORM_PARTS=parts,
+            ROW_NORM_POW2=triton.next_power_of_2(max(parts, 1)), TO_CACHE=cache is not None, KV_FP8=kv_fp8,
+            ROUND_FIRST=kv_fp8 and runs_interpreted(q.device), num_warps=1)
     return q, k, v

@@ -1,0 +1,116 @@
+"""m13's q/k norm + RoPE writing K/V into the paged cache (``kv_at_rope.py``) instead of m08's store launch.
+
+The checks: the kernel leaves the cache as RoPE then ``store_kv`` leave it, to the bit, in the model's dtype and
+in FP8, and a padding row (slot -1) writes nothing; the decoder of a decode graph launches no store and gives
+the same output and the same cache as with the store; bad caches are refused with a clear error.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from milestones.m08_triton_kernel.store_kv_kernel import store_kv  # noqa: E402
+from milestones.m13_quantization.epilogue_matmuls import quantized_matmul_slices  # noqa: E402
+from milestones.m13_quantization.kv_at_rope import CacheSlots  # noqa: E402
+from milestones.m13_quantization.quantize import group_major, quantize_int4, tile_int4  # noqa: E402
+from milestones.m13_quantization.sliced_sums import sliced_qk_norm_rope  # noqa: E402
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+HEADS, KV_HEADS, DIM = 4, 2, 64
+
+
+def rope_case(tokens: int):
+    """q/k/v's slices for ``tokens`` rows of x, and what q/k norm + RoPE needs besides."""
+    from milestones.m01_naive_loop.model import RotaryEmbedding
+
+    gen = torch.Generator().manual_seed(5)
+    packed, scales = quantize_int4(torch.randn((HEADS + 2 * KV_HEADS) * DIM, 512, generator=gen) * 0.05)
+    packed, scales = tile_int4(packed).to(DEVICE), group_major(scales).to(DEVICE)
+    x = torch.randn(tokens, 512, generator=gen).to(torch.bfloat16).to(DEVICE)
+    sums = quantized_matmul_slices(x, packed, scales, "int4")
+    norm_weight = torch.rand(HEADS + KV_HEADS, DIM, generator=gen).to(torch.bfloat16).to(DEVICE)
+    rope = RotaryEmbedding(DIM, 64, 1e6).to(DEVICE, torch.bfloat16)
+    positions = torch.tensor([3, 17, 40][:tokens], device=DEVICE)
+    return sums, (HEADS, KV_HEADS, DIM, norm_weight, rope.cos, rope.signed_sin, positions, 1e-6)
+
+
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16-cache", "fp8-cache"])
+def test_rope_leaves_the_cache_as_the_store_after_it_does(fp8):
+    sums, rope_args = rope_case(3)
+    dtype = torch.float8_e4m3fn if fp8 else torch.bfloat16
+    gen = torch.Generator().manual_seed(6)
+    before = [torch.randn(4, 16, KV_HEADS, DIM, generator=gen).to(dtype).to(DEVICE) for _ in range(2)]  # K, V
+    caches = {name: tuple(t.clone() for t in before) for name in ("store", "rope")}
+    slots = torch.tensor([37, -1, 2], device=DEVICE)  # the middle row pads a graph: it is not written
+    scales = {"k_scale": torch.tensor([0.01], device=DEVICE), "v_scale": torch.tensor([0.004], device=DEVICE)}
+    scales = scales if fp8 else {}
+    q, k, v = sliced_qk_norm_rope(sums, *rope_args)
+    store_kv(k, v, *caches["store"], slots, **scales)
+    got = sliced_qk_norm_rope(sums, *rope_args, cache=CacheSlots(*caches["rope"], slots, **scales))
+    assert got[1] is None and got[2] is None and torch.equal(got[0], q)
+    for stored, written in zip(caches["store"], caches["rope"]):
+        assert torch.equal(stored.view(torch.uint8), written.view(torch.uint8))
+    untouched = torch.ones(4 * 16, dtype=torch.bool, device=DEVICE)
+    untouched[[37, 2]] = False  # every slot but the two written keeps its bytes (the padding row's too)
+    for written, cached in zip(caches["rope"], before):
+        written, cached = written.view(64, -1).view(torch.uint8), cached.view(64, -1).view(torch.uint8)
+        assert torch.equal(written[untouched], cached[untouched])
+        assert not torch.equal(written[[37, 2]], cached[[37, 2]])
+
+
+def test_rope_refuses_a_cache_it_cannot_write():
+    sums, rope_args = rope_case(2)
+    cache = torch.zeros(64, KV_HEADS, DIM, dtype=torch.bfloat16, device=DEVICE)
+    slots = torch.tensor([1, 2], device=DEVICE)
+    bad = {
+        "must hold": CacheSlots(cache.float(), cache.float(), slots),
+        "go with a float8": CacheSlots(cache.to(torch.float8_e4m3fn), cache.to(torch.float8_e4m3fn), slots),
+        "slot_mapping must be": CacheSlots(cache, cache, slots[:1]),
+        "must end in": CacheSlots(cache.view(64, 1, KV_HEADS * DIM), cache.view(64, 1, KV_HEADS * DIM), slots),
+    }
+    for message, slots_given in bad.items():
+        with pytest.raises(ValueError, match=message):
+            sliced_qk_norm_rope(sums, *rope_args, cache=slots_given)
+
+
+def test_the_decode_graphs_decoder_launches_no_store(monkeypatch):
+    """The decoder of m13's decode graphs at one row, int4 on dp4a (q/k/v leaves its slices after the deferred
+    norm), over a real paged cache: with RoPE writing K/V no store is launched, and the output and both caches
+    are the same to the bit as with m08's store."""
+    from milestones.m01_naive_loop.loader import build_model, init_random_, preset_config
+    from milestones.m05_paged_blocks.paged_attention import PagedKVCache
+    from milestones.m08_triton_kernel import store_kv_kernel
+    from milestones.m10_cuda_graphs.graph_runner import GraphDecodeAttention
+    from milestones.m13_quantization import epilogue_layers
+    from milestones.m13_quantization.epilogue_layers import EpilogueCausalLM
+    from milestones.m13_quantization.quantized_loader import quantize_model_
+
+    config = preset_config("tiny")
+    config.num_hidden_layers, config.num_attention_heads, config.num_key_value_heads = 2, 2, 1
+    config.hidden_size, config.head_dim = 256, 128
+    model = build_model(config, DEVICE, torch.bfloat16)
+    init_random_(model, 0, std=config.initializer_range)
+    decoder = EpilogueCausalLM(quantize_model_(model, "int4", "triton"))
+    stores, store = [], store_kv_kernel.store_kv
+    monkeypatch.setattr(store_kv_kernel, "store_kv", lambda *args, **kw: stores.append(1) or store(*args, **kw))
+    results = {}
+    for at_rope in (True, False):
+        monkeypatch.setattr(epilogue_layers, "ROPE_STORES_KV", at_rope)
+        cache = PagedKVCache(2, 4, 16, 1, 128, torch.bfloat16, DEVICE)
+        gen = torch.Generator().manual_seed(1)  # 40 keys already cached, the new one goes to slot 40
+        for filled in (cache.k, cache.v):
+            filled.copy_(torch.randn(filled.shape, generator=gen))
+        before = cache.k.clone()
+        attention = GraphDecodeAttention(cache, torch.tensor([40], device=DEVICE),
+                                         torch.tensor([[2, 0, 3, 1]], dtype=torch.int32, device=DEVICE),
+                                         torch.tensor([41], dtype=torch.int32, device=DEVICE), 4096)
+        stores.clear()
+        with torch.no_grad():
+            out = decoder(torch.tensor([5], device=DEVICE), torch.tensor([40], device=DEVICE), attention)
+        results[at_rope] = out, cache.k.clone(), cache.v.clone(), len(stores), before
+    assert results[True][3] == 0 and results[False][3] == 2  # one store a layer, or none
+    assert all(torch.equal(a, b) for a, b in zip(results[True][:3], results[False][:3]))
+    assert not torch.equal(results[True][1][:, 40], results[True][4][:, 40])  # slot 40 was written
