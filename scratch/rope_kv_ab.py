@@ -1,6 +1,6 @@
-"""One GPU call: the step with q/k norm + RoPE writing K/V into the cache (m13 now, ``kv_at_rope.py``) against
-m08's store launch after it (``int4-store-launch``), beside bf16; 5 interleaved rounds at 1, 2 and 4 rows
-(quant_step, no second gate).
+"""One GPU call: the step with q/k norm + RoPE writing K/V into the cache (``int4-rope-kv``, ``kv_at_rope.py``)
+against m08's store launch after it (m13's default until this is measured), beside bf16; 5 interleaved rounds
+at 1, 2 and 4 rows (quant_step, no second gate).
 
     python3 scratch/rope_kv_ab.py OUT_DIR
 """
@@ -18,14 +18,14 @@ def main(out_dir: str) -> None:
 
     def build(mode, args):
         try:  # the graphs record the launches they capture
-            epilogue_layers.ROPE_STORES_KV = mode != "int4-store-launch"
+            epilogue_layers.ROPE_STORES_KV = mode == "int4-rope-kv"
             return plain_build(mode, args)
         finally:
-            epilogue_layers.ROPE_STORES_KV = True
+            epilogue_layers.ROPE_STORES_KV = False
 
-    quant_step.MODES.setdefault("int4-store-launch", {"quantization": "int4"})
+    quant_step.MODES.setdefault("int4-rope-kv", {"quantization": "int4"})
     quant_step.build = build
-    quant_step.main(["--modes", "bf16,int4,int4-store-launch", "--batches", "1,2,4", "--rounds", "5",
+    quant_step.main(["--modes", "bf16,int4,int4-rope-kv", "--batches", "1,2,4", "--rounds", "5",
                      "--out", f"{out_dir}/m13_step_times_rope_kv.json"])
 
 

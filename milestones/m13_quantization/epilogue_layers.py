@@ -78,8 +78,9 @@ ROPE_ADDS_SLICES_MAX_ROWS = 4  # after a deferred norm q/k/v leaves its slices w
 # The norm before q/k/v and gate_up run as 8 programs a row, with 1 / rms left to the reader (deferred_norm.py),
 # up to this many rows (0: never; the norm that writes the integers in one program a row, integer_norm.py)
 DEFERRED_NORM_MAX_ROWS = 4
-# In a decode graph, q/k norm + RoPE over q/k/v's slices writes K and V into the cache itself (kv_at_rope.py)
-ROPE_STORES_KV = True
+# In a decode graph, q/k norm + RoPE over q/k/v's slices writes K and V into the cache itself (kv_at_rope.py).
+# Off until an H200 A/B measures it (scratch/rope_kv_ab.py): exact on the CPU and compiled for sm_90, not yet timed
+ROPE_STORES_KV = False
 
 
 def _on_triton(proj: nn.Module) -> bool:
