@@ -23,7 +23,7 @@ against 2.24x with the exact norm, 2.03x against 1.96x at 2 rows (``results/h200
 
 What changes in the numbers: the exact path rounds ``h * w / rms`` to bf16 before making it integers; here ``h * w``
 is made integers straight from float32 (16 bits against its group's largest, finer than bf16's 8 for every input
-within 1/128 of it) and ``1 / rms`` multiplies float32 sums. Neither is m12's bf16 arithmetic to the bit; both are
+at least 1/128 of it) and ``1 / rms`` multiplies float32 sums. Neither is m12's bf16 arithmetic to the bit; both are
 int4's engine, whose logits quant_step measures against bf16's at 1-4 rows (the same on
 ``qwen3-8b-random`` either way, call 97).
 """
@@ -95,11 +95,12 @@ def deferred_add_rms_norm(x: torch.Tensor | SlicedSums, residual: torch.Tensor, 
     sliced = isinstance(x, SlicedSums)
     rows = x.parts[0] if sliced else x
     if (dim % GROUP_SIZE or rows.shape[0] != tokens or rows.shape[1] < dim or rows.stride(-1) != 1
-            or not residual.is_contiguous() or (x.dtype if sliced else rows.dtype) != residual.dtype
-            or (not sliced and rows.shape[1] != dim)):
+            or not residual.is_contiguous() or (sliced and not x.norm_can_add(residual.dtype))
+            or (not sliced and (rows.shape[1] != dim or rows.dtype != residual.dtype))):
         raise ValueError(f"deferred_add_rms_norm needs x and the residual as [T, D] in one dtype, D a multiple of "
-                         f"{GROUP_SIZE} (x contiguous along D, or a GEMV's float32 slices of [T, D] or wider); "
-                         f"got x {tuple(rows.shape)}, residual {residual.dtype} {tuple(residual.shape)}")
+                         f"{GROUP_SIZE} (x contiguous along D, or a GEMV's float32 slices of [T, D] or wider, with "
+                         f"no deferred 1 / rms); got x {tuple(rows.shape)}, residual {residual.dtype} "
+                         f"{tuple(residual.shape)}")
     groups = dim // GROUP_SIZE
     per_program = next(g for g in (GROUPS_PER_PROGRAM, 2, 1) if groups % g == 0)
     words = torch.empty((tokens, int16_x_words(dim)), dtype=torch.int32, device=residual.device)

@@ -15,7 +15,7 @@ bytes to a 32-bit integer. Its operands must be bytes, so x is turned into integ
 Three bit operations and four ``dp4a`` a word of eight weights, where ``subnormal`` takes eight multiply-adds and
 about nine bit operations; each group's integer sum is converted once per word and scaled by ``s_x[g]`` times W's
 scale. The integers are exact; what changes is x: 16 bits against its group's largest input, finer than bf16's 8
-for every input within 1/128 of that largest (smaller ones count for less than their rounding would).
+for every input at least 1/128 of that largest (smaller ones count for less than their rounding would).
 
 On the H200 each batch-1 matmul of Qwen3-8B took 11-17% less time with x already in integers; the conversion,
 a launch of 1.4 µs, takes most of that back at one row (the step 1.95x bf16 against 1.90x), not at two (1.68x

@@ -15,7 +15,9 @@ are ``int16_x``'s of that output, so the GEMV sees the same integers to the bit
 either way. ``IntegerRows`` carries both forms from the norm to the matmul that reads them
 (``epilogue_layers.py`` decides where: a norm whose reader multiplies on ``dp4a``).
 
-After o_proj and down_proj the norm can also add the GEMV's slices of K itself (``sliced_sums.py``).
+After o_proj and down_proj the norm can also add the GEMV's slices of K itself (``sliced_sums.py``). Since call 97
+the decode graphs run the deferred norm instead (``deferred_norm.py``: 1 / rms left to the readers, 8 programs a
+row); this exact one runs where ``epilogue_layers.DEFERRED_NORM_MAX_ROWS`` is set below the step's rows.
 """
 
 from __future__ import annotations
@@ -89,10 +91,11 @@ def add_rms_norm_int16(x: torch.Tensor | SlicedSums, residual: torch.Tensor, wei
     rows = x.parts[0] if sliced else x
     if (dim % GROUP_SIZE or rows.shape[0] != tokens or rows.shape[1] < dim or not residual.is_contiguous()
             or (not sliced and (rows.shape[1] != dim or not x.is_contiguous()))
-            or (sliced and (x.dtype != residual.dtype or x.parts.stride(-1) != 1))):
+            or (sliced and not x.norm_can_add(residual.dtype))):
         raise ValueError(f"add_rms_norm_int16 needs x and the residual as contiguous [T, D] with D a multiple of "
                          f"{GROUP_SIZE} (or x a GEMV's float32 slices of [T, D] or wider, for a residual of their "
-                         f"dtype); got x {tuple(rows.shape)}, residual {residual.dtype} {tuple(residual.shape)}")
+                         f"dtype, with no deferred 1 / rms); got x {tuple(rows.shape)}, residual {residual.dtype} "
+                         f"{tuple(residual.shape)}")
     out = torch.empty_like(residual)
     words = torch.empty((tokens, int16_x_words(dim)), dtype=torch.int32, device=residual.device)
     constants = dict(D=dim, BLOCK=triton.next_power_of_2(dim), GROUP=GROUP_SIZE, num_warps=NORM_WARPS)

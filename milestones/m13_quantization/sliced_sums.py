@@ -49,6 +49,12 @@ class SlicedSums:
     eps: float = 0.0
     x_dim: int = 0
 
+    def norm_can_add(self, dtype: torch.dtype) -> bool:
+        """Whether a norm may add these slices into a residual of ``dtype``: float32 parts contiguous along N, no
+        deferred 1 / rms (only q/k norm + RoPE multiplies by one), rounded to that dtype."""
+        return (self.parts.dtype == torch.float32 and self.parts.stride(-1) == 1 and self.row_squares is None
+                and self.dtype == dtype)
+
 
 @triton.jit
 def add_slices(first_slice, mask, stride_slice, SLICES: tl.constexpr):
