@@ -1,6 +1,7 @@
 """One GPU call: the step with q/k norm + RoPE writing K/V into the cache (``int4-rope-kv``, ``kv_at_rope.py``)
 against m08's store launch after it (m13's default until this is measured), beside bf16; 5 interleaved rounds
-at 1, 2 and 4 rows (quant_step, no second gate).
+at 1, 2 and 4 rows (quant_step, no second gate). quant_step's slots are all -1 (timing stores nothing), so both
+arms write no K/V: what differs is the store's launch, which is what the fusion removes.
 
     python3 scratch/rope_kv_ab.py OUT_DIR
 """

@@ -207,6 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     swap_ab_matmul.runs_interpreted = lambda device: False
     paged_decode_kernel.runs_interpreted = lambda device: False
     store_kv_kernel.runs_interpreted = lambda device: False
+    sliced_sums.runs_interpreted = lambda device: False  # RoPE's FP8 K/V: the compiled conversion's rounding
 
     jobs = matmul_jobs(args.candidates, args.quick) + fp8_jobs(args.quick)
     if args.only:

@@ -495,7 +495,8 @@ def test_the_readers_add_the_slices_in_slice_order():
                  1e-6)
     q, k = qk_norm_rope(in_order, *rope_args)
     got = sliced_qk_norm_rope(sums, *rope_args)
-    assert all(torch.equal(a, b) for a, b in zip(got, (q, k, in_order[:, (heads + kv_heads) * dim:].view(rows, 1, dim))))
+    v = in_order[:, (heads + kv_heads) * dim:].view(rows, 1, dim)
+    assert all(torch.equal(a, b) for a, b in zip(got, (q, k, v)))
 
 
 def test_the_norms_refuse_slices_they_cannot_add():

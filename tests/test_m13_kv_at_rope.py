@@ -39,29 +39,35 @@ def rope_case(tokens: int):
 
 @pytest.mark.parametrize("fp8", [False, True], ids=["bf16-cache", "fp8-cache"])
 def test_rope_leaves_the_cache_as_the_store_after_it_does(fp8):
+    """Three tokens, one of them a graph's padding row (slot -1), another at slot 0: the caches RoPE writes are
+    those m08's store writes after m12's RoPE, byte for byte, and nothing else changes, before the first slot
+    either (the caches are views one slot into a larger buffer)."""
     sums, rope_args = rope_case(3)
     dtype = torch.float8_e4m3fn if fp8 else torch.bfloat16
     gen = torch.Generator().manual_seed(6)
-    before = [torch.randn(4, 16, KV_HEADS, DIM, generator=gen).to(dtype).to(DEVICE) for _ in range(2)]  # K, V
-    caches = {name: tuple(t.clone() for t in before) for name in ("store", "rope")}
-    slots = torch.tensor([37, -1, 2], device=DEVICE)  # the middle row pads a graph: it is not written
+    before = [torch.randn(65, KV_HEADS, DIM, generator=gen).to(dtype).to(DEVICE) for _ in range(2)]  # K, V
+    buffers = {name: [t.clone() for t in before] for name in ("store", "rope")}
+    caches = {name: tuple(t[1:].view(4, 16, KV_HEADS, DIM) for t in bufs) for name, bufs in buffers.items()}
+    slots = torch.tensor([37, -1, 0], device=DEVICE)
     scales = {"k_scale": torch.tensor([0.01], device=DEVICE), "v_scale": torch.tensor([0.004], device=DEVICE)}
     scales = scales if fp8 else {}
     q, k, v = sliced_qk_norm_rope(sums, *rope_args)
     store_kv(k, v, *caches["store"], slots, **scales)
     got = sliced_qk_norm_rope(sums, *rope_args, cache=CacheSlots(*caches["rope"], slots, **scales))
     assert got[1] is None and got[2] is None and torch.equal(got[0], q)
-    for stored, written in zip(caches["store"], caches["rope"]):
-        assert torch.equal(stored.view(torch.uint8), written.view(torch.uint8))
-    untouched = torch.ones(4 * 16, dtype=torch.bool, device=DEVICE)
-    untouched[[37, 2]] = False  # every slot but the two written keeps its bytes (the padding row's too)
-    for written, cached in zip(caches["rope"], before):
-        written, cached = written.view(64, -1).view(torch.uint8), cached.view(64, -1).view(torch.uint8)
-        assert torch.equal(written[untouched], cached[untouched])
-        assert not torch.equal(written[[37, 2]], cached[[37, 2]])
+    written = [1 + 37, 1 + 0]  # buffer rows: one before the cache's first slot
+    untouched = torch.ones(65, dtype=torch.bool, device=DEVICE)
+    untouched[written] = False
+    for stored, wrote, cached in zip(buffers["store"], buffers["rope"], before):
+        stored, wrote, cached = (t.view(65, -1).view(torch.uint8) for t in (stored, wrote, cached))
+        assert torch.equal(wrote, stored)
+        assert torch.equal(wrote[untouched], cached[untouched])  # the padding row's too, and the row before
+        assert not torch.equal(wrote[written], cached[written])
 
 
 def test_rope_refuses_a_cache_it_cannot_write():
+    """A cache of another dtype, an FP8 cache without scales, a slot_mapping of the wrong length, caches whose rows
+    are not (kv_heads, head_dim): each refused with one clear line."""
     sums, rope_args = rope_case(2)
     cache = torch.zeros(64, KV_HEADS, DIM, dtype=torch.bfloat16, device=DEVICE)
     slots = torch.tensor([1, 2], device=DEVICE)
@@ -76,16 +82,19 @@ def test_rope_refuses_a_cache_it_cannot_write():
             sliced_qk_norm_rope(sums, *rope_args, cache=slots_given)
 
 
-def test_the_decode_graphs_decoder_launches_no_store(monkeypatch):
-    """The decoder of m13's decode graphs at one row, int4 on dp4a (q/k/v leaves its slices after the deferred
-    norm), over a real paged cache: with RoPE writing K/V no store is launched, and the output and both caches
-    are the same to the bit as with m08's store."""
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16-cache", "fp8-cache"])
+def test_the_decode_graphs_decoder_launches_no_store(fp8, monkeypatch):
+    """The decoder of m13's decode graphs at two rows (the second a graph's padding row: slot -1, no keys), int4
+    on dp4a (q/k/v leaves its slices after the deferred norm), over a real paged cache, bf16 or FP8 with scales
+    of its own: with RoPE writing K/V no store is launched, and the output and both caches are the same to the
+    bit as with m08's store. An attention that is not a decode graph's (a plain function) gets k and v as in m12."""
     from milestones.m01_naive_loop.loader import build_model, init_random_, preset_config
     from milestones.m05_paged_blocks.paged_attention import PagedKVCache
     from milestones.m08_triton_kernel import store_kv_kernel
     from milestones.m10_cuda_graphs.graph_runner import GraphDecodeAttention
     from milestones.m13_quantization import epilogue_layers
     from milestones.m13_quantization.epilogue_layers import EpilogueCausalLM
+    from milestones.m13_quantization.fp8_kv_cache import FP8PagedKVCache
     from milestones.m13_quantization.quantized_loader import quantize_model_
 
     config = preset_config("tiny")
@@ -97,20 +106,28 @@ def test_the_decode_graphs_decoder_launches_no_store(monkeypatch):
     stores, store = [], store_kv_kernel.store_kv
     monkeypatch.setattr(store_kv_kernel, "store_kv", lambda *args, **kw: stores.append(1) or store(*args, **kw))
     results = {}
-    for at_rope in (True, False):
+    for run, at_rope in (("rope", True), ("store", False), ("plain function", True)):
         monkeypatch.setattr(epilogue_layers, "ROPE_STORES_KV", at_rope)
-        cache = PagedKVCache(2, 4, 16, 1, 128, torch.bfloat16, DEVICE)
+        cache = (FP8PagedKVCache if fp8 else PagedKVCache)(2, 4, 16, 1, 128, torch.bfloat16, DEVICE)
+        if fp8:
+            cache.k_scale.copy_(torch.tensor([0.02, 0.03]))
+            cache.v_scale.copy_(torch.tensor([0.01, 0.005]))
         gen = torch.Generator().manual_seed(1)  # 40 keys already cached, the new one goes to slot 40
         for filled in (cache.k, cache.v):
-            filled.copy_(torch.randn(filled.shape, generator=gen))
+            filled.copy_(torch.randn(filled.shape, generator=gen).to(filled.dtype))
         before = cache.k.clone()
-        attention = GraphDecodeAttention(cache, torch.tensor([40], device=DEVICE),
-                                         torch.tensor([[2, 0, 3, 1]], dtype=torch.int32, device=DEVICE),
-                                         torch.tensor([41], dtype=torch.int32, device=DEVICE), 4096)
+        graph = GraphDecodeAttention(cache, torch.tensor([40, -1], device=DEVICE),
+                                     torch.tensor([[2, 0, 3, 1], [0, 0, 0, 0]], dtype=torch.int32, device=DEVICE),
+                                     torch.tensor([41, 0], dtype=torch.int32, device=DEVICE), 4096)
+        attention = (lambda *args: graph(*args)) if run == "plain function" else graph
         stores.clear()
         with torch.no_grad():
-            out = decoder(torch.tensor([5], device=DEVICE), torch.tensor([40], device=DEVICE), attention)
-        results[at_rope] = out, cache.k.clone(), cache.v.clone(), len(stores), before
-    assert results[True][3] == 0 and results[False][3] == 2  # one store a layer, or none
-    assert all(torch.equal(a, b) for a, b in zip(results[True][:3], results[False][:3]))
-    assert not torch.equal(results[True][1][:, 40], results[True][4][:, 40])  # slot 40 was written
+            out = decoder(torch.tensor([5, 9], device=DEVICE), torch.tensor([40, 0], device=DEVICE), attention)
+        results[run] = out, cache.k.clone(), cache.v.clone(), len(stores), before
+    assert [results[run][3] for run in ("rope", "store", "plain function")] == [0, 2, 2]  # a store a layer, or none
+    for run in ("store", "plain function"):
+        assert all(torch.equal(a.view(torch.uint8) if a.dtype == torch.float8_e4m3fn else a,
+                               b.view(torch.uint8) if b.dtype == torch.float8_e4m3fn else b)
+                   for a, b in zip(results["rope"][:3], results[run][:3]))
+    k_after, k_before = (t.view(torch.uint8) for t in (results["rope"][1], results["rope"][4]))
+    assert not torch.equal(k_after[:, 40], k_before[:, 40])  # slot 40 was written

@@ -64,7 +64,11 @@ class GraphDecodeAttention:
 
         scales = self.cache.kernel_scales(layer_idx)  # none, or an FP8 cache's per-layer scales (m13)
         store_kv(k, v, self.cache.k[layer_idx], self.cache.v[layer_idx], self.slot_mapping, **scales)
-        return self.decode(layer_idx, q, **scales)
+        return self.decode_stored(layer_idx, q)
+
+    def decode_stored(self, layer_idx: int, q: torch.Tensor) -> torch.Tensor:
+        """The decode kernel once the step's K/V are in the cache (a seam: m13's RoPE can write them itself)."""
+        return self.decode(layer_idx, q, **self.cache.kernel_scales(layer_idx))
 
     def decode(self, layer_idx: int, q: torch.Tensor, **options) -> torch.Tensor:
         """The paged decode kernel over the stored K/V; ``options`` go to it (a seam: m13 passes its combine)."""

@@ -40,7 +40,8 @@ On ``dp4a`` (1-4 rows) two more things move out of the GEMVs and the norms:
   GEMV its sums before SiLU * up. ``DEFERRED_NORM_MAX_ROWS = 0`` keeps the exact norm (``integer_norm.py``).
 
 On the H200 the two took the batch-1 step from 2.18x bf16's to 2.24x and then 2.34x (the journal's fifteenth and
-sixteenth guesses).
+sixteenth guesses). With ``ROPE_STORES_KV`` (off until an H200 call times it) q/k norm + RoPE also writes K/V into
+a decode graph's cache, and the graph's store launch goes (``kv_at_rope.py``, through m12's ``attend_qkv``).
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from milestones.m01_naive_loop.model import AttentionFn
 from milestones.m10_cuda_graphs.graph_runner import GraphDecodeAttention
 from milestones.m12_async_scheduling.fused_kernels import add_rms_norm
 from milestones.m12_async_scheduling.fused_layers import FusedCausalLM, FusedQwen3Model
@@ -163,15 +165,17 @@ class EpilogueQwen3Model(FusedQwen3Model):
                                    self.rotary_emb.cos, self.rotary_emb.signed_sin, positions, attn.eps)
 
     def attend_qkv(self, attn: nn.Module, qkv: torch.Tensor | SlicedSums, positions: torch.Tensor,
-                   attention) -> torch.Tensor:
+                   attention: AttentionFn) -> torch.Tensor:
+        """With ``ROPE_STORES_KV``, in a decode graph whose q/k/v left its slices: q/k norm + RoPE writes K/V at
+        the graph's slots (``kv_at_rope.py``), and the attention decodes over the cache without its store. Any
+        other attention (a prefill's, an eager step's, a plain function) is given q, k and v as in m12."""
         if not (ROPE_STORES_KV and isinstance(qkv, SlicedSums) and isinstance(attention, GraphDecodeAttention)):
             return super().attend_qkv(attn, qkv, positions, attention)
-        layer, cache = attn.layer_idx, attention.cache  # RoPE writes K/V where the graph's store would
-        scales = cache.kernel_scales(layer)
-        slots = CacheSlots(cache.k[layer], cache.v[layer], attention.slot_mapping, **scales)
+        layer, cache = attn.layer_idx, attention.cache
+        slots = CacheSlots(cache.k[layer], cache.v[layer], attention.slot_mapping, **cache.kernel_scales(layer))
         q, _, _ = sliced_qk_norm_rope(qkv, attn.num_heads, attn.num_kv_heads, attn.head_dim, attn.qk_norm_weight,
                                       self.rotary_emb.cos, self.rotary_emb.signed_sin, positions, attn.eps, slots)
-        return attention.decode(layer, q, **scales)
+        return attention.decode_stored(layer, q)
 
     def gate_up_silu(self, proj: nn.Module, x: torch.Tensor | IntegerRows | DeferredRows) -> torch.Tensor | IntegerRows:
         if isinstance(x, DeferredRows):  # the GEMV's finish multiplies by 1 / rms

@@ -2,8 +2,8 @@
 
 Every layer of a decode step stores the token's K/V in the cache before attending (m08's ``store_kv``: one
 launch a layer, a 2 KB row of K and one of V at batch 1 for Qwen3-8B). At batch 1 the step is a chain of
-launches, each a few µs, and the store is one of them: 36 a step, about 1.2 µs of GPU time each plus the gap
-before the next kernel starts.
+launches, each a few µs, and the store is one of them: 36 a step, about 1.2 µs of GPU time each (in a graph the
+kernels follow each other with almost no gap, so that is what a kernel fewer saves).
 
 q/k norm + RoPE over q/k/v's slices (``sliced_sums.py``) already holds each K head as it rotates it, and each V
 head as it adds its slices; here it writes them at the token's slot of the cache instead of into k and v, and
@@ -41,8 +41,13 @@ class CacheSlots:
     k_scale: torch.Tensor | None = None
     v_scale: torch.Tensor | None = None
 
-    def row_strides(self, tokens: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -> tuple[int, int]:
+    def row_strides(self, tokens: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
+                    device: torch.device) -> tuple[int, int]:
         """The caches' strides from one slot to the next, after checking what the kernel assumes (never values)."""
+        tensors = [self.k_cache, self.v_cache, self.slot_mapping, self.k_scale, self.v_scale]
+        if any(t is not None and t.device != device for t in tensors):
+            raise ValueError(f"the caches, slot_mapping and scales must be on {device}; got "
+                             f"{[str(t.device) for t in tensors if t is not None]}")
         fp8 = self.k_cache.dtype == torch.float8_e4m3fn
         if self.k_cache.dtype != self.v_cache.dtype or not (fp8 or self.k_cache.dtype == dtype):
             raise ValueError(f"the caches must hold {dtype} (or both float8_e4m3fn); got {self.k_cache.dtype}, "
@@ -54,9 +59,16 @@ class CacheSlots:
                              f"{self.slot_mapping.dtype} {tuple(self.slot_mapping.shape)}")
         strides = []
         for name, cache in (("k_cache", self.k_cache), ("v_cache", self.v_cache)):
-            if cache.shape[-2:] != (kv_heads, head_dim) or cache.stride(-1) != 1 or cache.stride(-2) != head_dim:
-                raise ValueError(f"{name} {tuple(cache.shape)} must end in ({kv_heads}, {head_dim}), contiguous")
-            strides.append(cache.view(-1, kv_heads * head_dim).stride(0))
+            rows = None
+            if cache.shape[-2:] == (kv_heads, head_dim) and cache.stride(-1) == 1 and cache.stride(-2) == head_dim:
+                try:  # slots one stride apart: [slots, ...], or [blocks, block_size, ...] with the blocks dense
+                    rows = cache.view(-1, kv_heads * head_dim)
+                except RuntimeError:
+                    pass
+            if rows is None:
+                raise ValueError(f"{name} {tuple(cache.shape)} must end in ({kv_heads}, {head_dim}), contiguous, "
+                                 "its slots one stride apart")
+            strides.append(rows.stride(0))
         return strides[0], strides[1]
 
 

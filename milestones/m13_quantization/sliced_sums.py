@@ -122,7 +122,8 @@ def sliced_qk_norm_rope(qkv: SlicedSums, num_heads: int, num_kv_heads: int, head
         k = v = None
         kv_out = (q, q)
         to_cache = (cache.k_cache, cache.v_cache, cache.slot_mapping,
-                    *cache.row_strides(tokens, num_kv_heads, head_dim, qkv.dtype), cache.k_scale, cache.v_scale)
+                    *cache.row_strides(tokens, num_kv_heads, head_dim, qkv.dtype, q.device), cache.k_scale,
+                    cache.v_scale)
     kv_fp8 = to_cache[-1] is not None
     squares = qkv.row_squares
     parts = 0 if squares is None else squares.shape[1]
