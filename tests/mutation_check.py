@@ -204,6 +204,21 @@ MUTATIONS = (
         ("tests/test_m13_quantization.py",),
     ),
     Mutation(
+        "m13-slices-added-in-reverse", "the readers of a GEMV's slices add them last slice first: other float32 "
+        "sums than the GEMV's own", "milestones/m13_quantization/sliced_sums.py",
+        (("    total = tl.load(first_slice, mask=mask, other=0.0)",
+          "    total = tl.load(first_slice + (SLICES - 1) * stride_slice, mask=mask, other=0.0)"),
+         ("        total += tl.load(first_slice + s * stride_slice, mask=mask, other=0.0)",
+          "        total += tl.load(first_slice + (SLICES - 1 - s) * stride_slice, mask=mask, other=0.0)")),
+        ("tests/test_m13_integer_dots.py::test_the_readers_add_the_slices_in_slice_order",),
+    ),
+    Mutation(
+        "m13-rope-writes-padding-rows", "RoPE writing K/V into the cache ignores a padding row's slot of -1: it "
+        "writes one slot before the cache", "milestones/m13_quantization/kv_at_rope.py",
+        (("    keep = first < tl.where(slot >= 0, HALF, 0)", "    keep = first < HALF"),),
+        ("tests/test_m13_kv_at_rope.py::test_rope_leaves_the_cache_as_the_store_after_it_does",),
+    ),
+    Mutation(
         "tp-workers-take-placeholder-ids", "m14's rank 0 never broadcasts the input ids it filled from the previous "
         "step's samples: the workers compute decodes from placeholders", "milestones/m14_tensor_parallel/engine.py",
         (("if self.parallel is not None and self.step_ids_on_device:", "if False:"),),
