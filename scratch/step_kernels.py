@@ -4,7 +4,9 @@ step's span. Also the step's event-timed median beside it. (Call 41 ran it at cc
 at 1 and 2 rows, with the norms writing the GEMVs' integers and the GEMV in programs of 64 rows; call 84 at e0c6860;
 call 87 after the integer norm went to 16 warps, multiplying.)
 
-    python3 scratch/step_kernels.py OUT.json [BATCHES]
+    python3 scratch/step_kernels.py OUT.json [BATCHES] [MODES]
+
+MODES (default bf16,int4) may name int4-rope-kv: int4 with q/k norm + RoPE writing K/V (kv_at_rope.py).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from torch.profiler import ProfilerActivity, profile
 import benchmarks.quant_step as quant_step
 from benchmarks.env import environment
 from milestones.common.demo import cuda_median_ms
+from milestones.m13_quantization import epilogue_layers
 
 REPLAYS = 20
 
@@ -49,12 +52,14 @@ def kernels_of(engine, size: int = 1, context: int = 512) -> dict:
             "kernels": [{"name": n[:160], "per_step": c, "us_per_step": t} for n, c, t in rows]}
 
 
-def main(out: str, batches: list[int]) -> None:
+def main(out: str, batches: list[int], modes: list[str]) -> None:
     args = argparse.Namespace(model="qwen3-8b-random", seed=0, kv_cache_memory_gib=4.0, batches=batches)
     result = {"name": "step_kernels", "env": environment("cuda"), "model": args.model, "batches": batches,
               "context": 512, "replays": REPLAYS, "modes": {}}
-    for mode in ("bf16", "int4"):
-        engine = quant_step.build(mode, args)
+    for mode in modes:
+        epilogue_layers.ROPE_STORES_KV = mode == "int4-rope-kv"  # read while the graphs are captured
+        engine = quant_step.build("int4" if mode == "int4-rope-kv" else mode, args)
+        epilogue_layers.ROPE_STORES_KV = False
         for size in batches:
             result["modes"][f"{mode} b{size}"] = r = kernels_of(engine, size)
             print(f"[{mode} b{size}] step {r['event_median_ms']:.3f} ms (events); GPU busy {r['busy_us_per_step']:.0f} "
@@ -70,4 +75,5 @@ def main(out: str, batches: list[int]) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1] if len(sys.argv) > 1 else "step_kernels.json",
-         [int(b) for b in (sys.argv[2] if len(sys.argv) > 2 else "1").split(",")])
+         [int(b) for b in (sys.argv[2] if len(sys.argv) > 2 else "1").split(",")],
+         (sys.argv[3] if len(sys.argv) > 3 else "bf16,int4").split(","))
