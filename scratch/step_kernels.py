@@ -6,7 +6,8 @@ call 87 after the integer norm went to 16 warps, multiplying.)
 
     python3 scratch/step_kernels.py OUT.json [BATCHES] [MODES]
 
-MODES (default bf16,int4) may name int4-rope-kv: int4 with q/k norm + RoPE writing K/V (kv_at_rope.py).
+MODES (default bf16,int4) may name int4-last: int4 with the decode over the splits holding keys, combined in its
+last program (live_splits.py).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from torch.profiler import ProfilerActivity, profile
 import benchmarks.quant_step as quant_step
 from benchmarks.env import environment
 from milestones.common.demo import cuda_median_ms
-from milestones.m13_quantization import epilogue_layers
+from milestones.m13_quantization import live_splits
 
 REPLAYS = 20
 
@@ -57,9 +58,9 @@ def main(out: str, batches: list[int], modes: list[str]) -> None:
     result = {"name": "step_kernels", "env": environment("cuda"), "model": args.model, "batches": batches,
               "context": 512, "replays": REPLAYS, "modes": {}}
     for mode in modes:
-        epilogue_layers.ROPE_STORES_KV = mode == "int4-rope-kv"  # read while the graphs are captured
-        engine = quant_step.build("int4" if mode == "int4-rope-kv" else mode, args)
-        epilogue_layers.ROPE_STORES_KV = False
+        live_splits.SKIP_EMPTY_SPLITS = live_splits.LAST_SPLIT_COMBINES = mode == "int4-last"  # read at capture
+        engine = quant_step.build("int4" if mode == "int4-last" else mode, args)
+        live_splits.SKIP_EMPTY_SPLITS = live_splits.LAST_SPLIT_COMBINES = False
         for size in batches:
             result["modes"][f"{mode} b{size}"] = r = kernels_of(engine, size)
             print(f"[{mode} b{size}] step {r['event_median_ms']:.3f} ms (events); GPU busy {r['busy_us_per_step']:.0f} "

@@ -81,8 +81,9 @@ ROPE_ADDS_SLICES_MAX_ROWS = 4  # after a deferred norm q/k/v leaves its slices w
 # up to this many rows (0: never; the norm that writes the integers in one program a row, integer_norm.py)
 DEFERRED_NORM_MAX_ROWS = 4
 # In a decode graph, q/k norm + RoPE over q/k/v's slices writes K and V into the cache itself (kv_at_rope.py).
-# Off until an H200 A/B measures it (scratch/rope_kv_ab.py): exact on the CPU and compiled for sm_90, not yet timed
-ROPE_STORES_KV = False
+# On since call 99 timed it: the batch-1 step 2.116 ms against 2.136 with the store's launch, 2.36x bf16's against
+# 2.34x (results/h200/m13_step_times+rope-kv.json)
+ROPE_STORES_KV = True
 
 
 def _on_triton(proj: nn.Module) -> bool:
