@@ -148,29 +148,22 @@ def fp8_jobs(quick: bool = False):
 
 
 def live_splits_jobs():
-    """m13's decode over the splits that hold keys (live_splits.py): then m13's combine, or the combine in its
-    last program; on a bf16 cache and an FP8 one (Qwen3-8B's heads: 32 over 8 K/V heads of 128)."""
+    """m13's decode over the splits that hold keys, combined in its last program (live_splits.py), on a bf16 cache
+    and an FP8 one (Qwen3-8B's heads: 32 over 8 K/V heads of 128)."""
     from milestones.m08_triton_kernel import paged_decode_kernel
-    from milestones.m13_quantization import live_splits
     from milestones.m13_quantization.integer_heads import IntegerHeadsAttention
 
     jobs = []
     for cache_dtype in (torch.bfloat16, torch.float8_e4m3fn):
-        for last_combines in (False, True):
-            def decode(cache_dtype=cache_dtype, last_combines=last_combines):
-                q = torch.zeros(1, 32, 128, dtype=torch.bfloat16)
-                cache = torch.zeros(8, 16, 8, 128, dtype=cache_dtype)
-                scales = dict(k_scale=torch.ones(1), v_scale=torch.ones(1)) if cache_dtype != torch.bfloat16 else {}
-                live_splits.SKIP_EMPTY_SPLITS, live_splits.LAST_SPLIT_COMBINES = True, last_combines
-                try:
-                    attention = IntegerHeadsAttention(None, None, None, None, 0)
-                    paged_decode_kernel.paged_decode_attention(
-                        q, cache, cache.clone(), torch.arange(8, dtype=torch.int32).view(1, 8), torch.tensor([100]),
-                        128 ** -0.5, num_splits=49, split_kernel=attention.decode_live_splits, **scales)
-                finally:
-                    live_splits.SKIP_EMPTY_SPLITS, live_splits.LAST_SPLIT_COMBINES = False, False
-            jobs.append((f"decode live splits, {'combined in the last' if last_combines else 'then m13 combine'} "
-                         f"{str(cache_dtype)[6:]} cache", decode))
+        def decode(cache_dtype=cache_dtype):
+            q = torch.zeros(1, 32, 128, dtype=torch.bfloat16)
+            cache = torch.zeros(8, 16, 8, 128, dtype=cache_dtype)
+            scales = dict(k_scale=torch.ones(1), v_scale=torch.ones(1)) if cache_dtype != torch.bfloat16 else {}
+            attention = IntegerHeadsAttention(None, None, None, None, 0)
+            paged_decode_kernel.paged_decode_attention(
+                q, cache, cache.clone(), torch.arange(8, dtype=torch.int32).view(1, 8), torch.tensor([100]),
+                128 ** -0.5, num_splits=49, split_kernel=attention.decode_live_splits, **scales)
+        jobs.append((f"decode live splits, combined in the last, {str(cache_dtype)[6:]} cache", decode))
     return jobs
 
 

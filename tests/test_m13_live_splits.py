@@ -1,10 +1,9 @@
 """m13's decode over only the splits that hold keys, and the combine inside its last program (``live_splits.py``).
 
-The checks, in Triton's interpreter on a CPU (and compiled in the GPU call): skipping the empty splits leaves the
-heads and o_proj's integers the same to the bit as m08's decode and m13's combine over every split; the combine
-in the last program gives the heads within float32 rounding of them, and exactly ``int16_x``'s words of the heads it
-stores; sequences of no keys give zeros; every counter is back at zero; the decoder with either flag on gives the
-output of the decoder with both off (bitwise with the skip alone).
+The checks, in Triton's interpreter on a CPU (and compiled in the GPU call): against m08's decode and m13's
+combine over every split, the heads within float32 rounding, and exactly ``int16_x``'s words of the heads it
+stores; sequences of no keys give zeros; every counter is back at zero; the decoder at one row gives the output of
+the decoder with the combine launch (``LIVE_SPLITS_MAX_ROWS`` at 0), within bf16 rounding.
 """
 
 from __future__ import annotations
@@ -41,12 +40,11 @@ def paged_inputs(lengths: list[int], heads: int, kv_heads: int, head_dim: int = 
             torch.tensor(lengths, dtype=torch.int32, device=DEVICE), head_dim ** -0.5)
 
 
-def decode(args: tuple, num_splits: int, skip: bool, last_combines: bool, monkeypatch) -> tuple:
-    """The heads and o_proj's words through ``IntegerHeadsAttention`` with the two flags as given."""
-    monkeypatch.setattr(live_splits, "SKIP_EMPTY_SPLITS", skip)
-    monkeypatch.setattr(live_splits, "LAST_SPLIT_COMBINES", last_combines)
+def decode(args: tuple, num_splits: int, live: bool) -> tuple:
+    """The heads and o_proj's words through ``IntegerHeadsAttention``: the live splits' kernel, or m08's decode
+    over every split then m13's combine launch."""
     attention = IntegerHeadsAttention(None, None, None, None, 0)
-    options = (dict(split_kernel=attention.decode_live_splits) if skip else dict(combine=attention.combine))
+    options = dict(split_kernel=attention.decode_live_splits) if live else dict(combine=attention.combine)
     heads = paged_decode_attention(*args, num_splits=num_splits, **options)
     return heads, attention.take_words()
 
@@ -56,29 +54,23 @@ def decode(args: tuple, num_splits: int, skip: bool, last_combines: bool, monkey
     ([300], 4, 1, 40),  # 5 of 40 splits (more than SPLITS_CHUNK in all, fewer live)
     ([2000, 17], 6, 2, 33),  # 32 and 1 of 33 (two chunks); a group of 3 query heads (padded to 4)
 ], ids=["short", "long-tail", "two-chunks"])
-def test_the_live_splits_give_the_heads_and_integers_of_every_split(lengths, heads, kv_heads, num_splits,
-                                                                    monkeypatch):
+def test_the_last_program_combines_the_splits_that_hold_keys(lengths, heads, kv_heads, num_splits):
     args = paged_inputs(lengths, heads, kv_heads, seed=num_splits)
-    before, before_words = decode(args, num_splits, False, False, monkeypatch)
-    skipped, skipped_words = decode(args, num_splits, True, False, monkeypatch)
-    assert torch.equal(skipped, before) and torch.equal(skipped_words, before_words)
-
-    combined, combined_words = decode(args, num_splits, True, True, monkeypatch)
+    before, before_words = decode(args, num_splits, live=False)
+    combined, combined_words = decode(args, num_splits, live=True)
     assert torch.allclose(combined.float(), before.float(), rtol=2 ** -7, atol=2 ** -9)
     assert torch.equal(combined_words, int16_x(combined.reshape(len(lengths), -1)))
     empty = [row for row, n in enumerate(lengths) if n == 0]
-    assert not combined[empty].any() and not skipped[empty].any()
+    assert not combined[empty].any()  # and its words are int16_x's of zeros (above)
     assert not matmul_kernels.zeroed_counters(DEVICE, 64).any(), "a last program left its counter set"
 
 
-def test_the_last_program_combines_an_fp8_cache_as_m08_reads_it(monkeypatch):
+def test_the_last_program_combines_an_fp8_cache_as_m08_reads_it():
     """An FP8 cache with its scales: the live splits' heads within float32 rounding of m08's over every split."""
     q, k_cache, v_cache, tables, lengths, scale = paged_inputs([130, 1], 8, 2, seed=7)
     k_scale, v_scale = (torch.tensor([s], device=DEVICE) for s in (0.05, 0.03))
     args = (q, (k_cache.float() / 0.05).to(torch.float8_e4m3fn), (v_cache.float() / 0.03).to(torch.float8_e4m3fn),
             tables, lengths, scale)
-    monkeypatch.setattr(live_splits, "SKIP_EMPTY_SPLITS", True)
-    monkeypatch.setattr(live_splits, "LAST_SPLIT_COMBINES", True)
     attention = IntegerHeadsAttention(None, None, None, None, 0)
     heads = paged_decode_attention(*args, num_splits=9, k_scale=k_scale, v_scale=v_scale,
                                    split_kernel=attention.decode_live_splits)
@@ -87,14 +79,15 @@ def test_the_last_program_combines_an_fp8_cache_as_m08_reads_it(monkeypatch):
     assert torch.equal(attention.take_words(), int16_x(heads.reshape(2, -1)))
 
 
-@pytest.mark.parametrize("skip, last_combines", [(True, False), (True, True)], ids=["skip", "last-combines"])
-def test_decode_graphs_with_the_live_splits_keep_the_decoders_output(skip, last_combines, monkeypatch):
-    """m13's int4 decoder at one row over a paged cache, K split by m08's heuristic (a graph's bound of 4,096
-    keys, 41 of them cached): with the flags on, the same output as with them off (to the bit with the skip
-    alone, within bf16 rounding of the logits' scale with the combine in the last program)."""
+@pytest.mark.parametrize("rows", [1, 2])
+def test_decode_graphs_with_the_live_splits_keep_the_decoders_output(rows, monkeypatch):
+    """m13's int4 decoder over a paged cache, K split by m08's heuristic (a graph's bound of 4,096 keys; 41 and
+    17 of them cached): the live splits' kernel (``LIVE_SPLITS_MAX_ROWS``) gives the output of m08's decode and
+    the combine launch within bf16 rounding of the logits' scale, and launches no combine."""
     from milestones.m01_naive_loop.loader import build_model, init_random_, preset_config
     from milestones.m05_paged_blocks.paged_attention import PagedKVCache
     from milestones.m10_cuda_graphs.graph_runner import GraphDecodeAttention
+    from milestones.m13_quantization import integer_heads
     from milestones.m13_quantization.epilogue_layers import EpilogueCausalLM
     from milestones.m13_quantization.quantized_loader import quantize_model_
 
@@ -104,22 +97,25 @@ def test_decode_graphs_with_the_live_splits_keep_the_decoders_output(skip, last_
     model = build_model(config, DEVICE, torch.bfloat16)
     init_random_(model, 0, std=config.initializer_range)
     decoder = EpilogueCausalLM(quantize_model_(model, "int4", "triton"))
-    cache = PagedKVCache(2, 4, 16, 2, 128, torch.bfloat16, DEVICE)
+    cache = PagedKVCache(2, 8, 16, 2, 128, torch.bfloat16, DEVICE)
     gen = torch.Generator().manual_seed(3)
     for layer in range(2):
         cache.k[layer].copy_(torch.randn(cache.k[layer].shape, generator=gen))
         cache.v[layer].copy_(torch.randn(cache.v[layer].shape, generator=gen))
-    outputs, caches = {}, {}
-    for flags in ((False, False), (skip, last_combines)):
-        monkeypatch.setattr(live_splits, "SKIP_EMPTY_SPLITS", flags[0])
-        monkeypatch.setattr(live_splits, "LAST_SPLIT_COMBINES", flags[1])
-        graph = GraphDecodeAttention(cache, torch.tensor([40], device=DEVICE),
-                                     torch.tensor([[2, 0, 3, 1]], dtype=torch.int32, device=DEVICE),
-                                     torch.tensor([41], dtype=torch.int32, device=DEVICE), 4096)
+    combines, real_combine = [], integer_heads.IntegerHeadsAttention.combine
+    monkeypatch.setattr(integer_heads.IntegerHeadsAttention, "combine",
+                        lambda self, *args: combines.append(1) or real_combine(self, *args))
+    outputs = {}
+    for max_rows in (0, rows):
+        monkeypatch.setattr(live_splits, "LIVE_SPLITS_MAX_ROWS", max_rows)
+        combines.clear()
+        graph = GraphDecodeAttention(cache, torch.tensor([40, 100][:rows], device=DEVICE),
+                                     torch.tensor([[2, 0, 3, 1], [4, 5, 6, 7]][:rows], dtype=torch.int32,
+                                                  device=DEVICE),
+                                     torch.tensor([41, 17][:rows], dtype=torch.int32, device=DEVICE), 4096)
         with torch.no_grad():
-            outputs[flags] = decoder(torch.tensor([5], device=DEVICE), torch.tensor([40], device=DEVICE), graph)
-    before, after = outputs[(False, False)], outputs[(skip, last_combines)]
-    if last_combines:
-        assert torch.allclose(after.float(), before.float(), rtol=0, atol=2 ** -6 * before.float().abs().max())
-    else:
-        assert torch.equal(after, before)
+            outputs[max_rows] = decoder(torch.tensor([5, 9][:rows], device=DEVICE),
+                                        torch.tensor([40, 16][:rows], device=DEVICE), graph), len(combines)
+    (before, launched), (after, none) = outputs[0], outputs[rows]
+    assert launched == 2 and none == 0  # a combine launch a layer, then none
+    assert torch.allclose(after.float(), before.float(), rtol=0, atol=2 ** -6 * before.float().abs().max())

@@ -314,14 +314,13 @@ def decode_split(
 
 
 @triton.jit
-def combine_splits(partial_ptr, lse_ptr, row, num_splits, live, HEAD_DIM: tl.constexpr, SPLITS_POW2: tl.constexpr):
+def combine_splits(partial_ptr, lse_ptr, row, num_splits, HEAD_DIM: tl.constexpr, SPLITS_POW2: tl.constexpr):
     """Row ``row`` (a sequence's query head) of the slices' partial outputs, weighted by each slice's share of
-    the softmax denominator: ``[HEAD_DIM]`` float32, from the first ``live`` slices (m08 reads all ``num_splits``;
-    m13 calls it too, in a combine that reads only those holding keys and writes the row as the integers its next
-    matmul reads)."""
+    the softmax denominator: ``[HEAD_DIM]`` float32. (m13 calls it too, in a combine that also writes the row as
+    the integers its next matmul reads.)"""
     splits = tl.arange(0, SPLITS_POW2)
     dims = tl.arange(0, HEAD_DIM)
-    used = splits < live
+    used = splits < num_splits
     lse = tl.load(lse_ptr + row * num_splits + splits, mask=used, other=float("-inf"))
     partial = tl.load(partial_ptr + (row * num_splits + splits)[:, None] * HEAD_DIM + dims[None, :],
                       mask=used[:, None], other=0.0)
@@ -341,8 +340,7 @@ def _combine_splits_kernel(
     """One (sequence, query head): weight each split's output by its share of the softmax denominator."""
     seq = tl.program_id(0)
     head = tl.program_id(1)
-    out = combine_splits(partial_ptr, lse_ptr, seq * tl.num_programs(1) + head, num_splits, num_splits, HEAD_DIM,
-                         SPLITS_POW2)
+    out = combine_splits(partial_ptr, lse_ptr, seq * tl.num_programs(1) + head, num_splits, HEAD_DIM, SPLITS_POW2)
     dims = tl.arange(0, HEAD_DIM)
     tl.store(out_ptr + seq * stride_out_seq + head * stride_out_head + dims, out.to(out_ptr.dtype.element_ty))
 

@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 
 from milestones.m08_triton_kernel.device_kernel import device_kernel
-from milestones.m08_triton_kernel.paged_decode_kernel import combine_splits, split_keys
+from milestones.m08_triton_kernel.paged_decode_kernel import combine_splits
 from milestones.m10_cuda_graphs.graph_runner import GraphDecodeAttention
 
 from . import live_splits
@@ -37,20 +37,14 @@ from .quantize import GROUP_SIZE
 
 
 @device_kernel
-@triton.jit(do_not_specialize=["num_splits", "max_blocks"])
+@triton.jit(do_not_specialize=["num_splits"])
 def _combine_to_integers_kernel(partial_ptr, lse_ptr, out_ptr, words_ptr, num_splits, stride_out_seq,
-                                stride_out_head, stride_words, context_lens_ptr, max_blocks,
-                                HEAD_DIM: tl.constexpr, SPLITS_POW2: tl.constexpr, GROUP: tl.constexpr,
-                                LIVE_ONLY: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr):
-    """One (sequence, query head): m08's combine, then the head's ``HEAD_DIM // GROUP`` groups as integers.
-    ``LIVE_ONLY``: of the splits that hold keys (``live_splits.py``: the others wrote nothing)."""
+                                stride_out_head, stride_words, HEAD_DIM: tl.constexpr, SPLITS_POW2: tl.constexpr,
+                                GROUP: tl.constexpr):
+    """One (sequence, query head): m08's combine, then the head's ``HEAD_DIM // GROUP`` groups as integers."""
     seq = tl.program_id(0)
     head = tl.program_id(1)
-    live = num_splits
-    if LIVE_ONLY:
-        _, _, live = split_keys(context_lens_ptr, seq, 0, num_splits, max_blocks, BLOCK_SIZE, TILE, True)
-    out = combine_splits(partial_ptr, lse_ptr, seq * tl.num_programs(1) + head, num_splits, live, HEAD_DIM,
-                         SPLITS_POW2)
+    out = combine_splits(partial_ptr, lse_ptr, seq * tl.num_programs(1) + head, num_splits, HEAD_DIM, SPLITS_POW2)
     out = out.to(out_ptr.dtype.element_ty)
     tl.store(out_ptr + seq * stride_out_seq + head * stride_out_head + tl.arange(0, HEAD_DIM), out)
     groups_per_head: tl.constexpr = HEAD_DIM // GROUP
@@ -84,8 +78,9 @@ class IntegerHeadsAttention(GraphDecodeAttention):
         self.words = None
         if not heads_are_groups(q.shape[-1]):
             return super().decode(layer_idx, q, **options)
-        if live_splits.SKIP_EMPTY_SPLITS:
-            return super().decode(layer_idx, q, split_kernel=self.decode_live_splits, **options)
+        if q.shape[0] <= live_splits.LIVE_SPLITS_MAX_ROWS:  # the combine in the decode's last program
+            return super().decode(layer_idx, q, split_kernel=self.decode_live_splits, **options,
+                                  **live_splits.config_for(fp8=options.get("k_scale") is not None))
         return super().decode(layer_idx, q, combine=self.combine, **options)
 
     def take_words(self) -> torch.Tensor | None:
@@ -93,28 +88,16 @@ class IntegerHeadsAttention(GraphDecodeAttention):
         words, self.words = self.words, None
         return words
 
-    def combine(self, partial: torch.Tensor, lse: torch.Tensor, out: torch.Tensor, num_splits: int,
-                live_of: tuple | None = None, words: torch.Tensor | None = None) -> None:
-        """``paged_decode_attention``'s ``combine``: ``out`` ``[B, heads, dim]``, and ``words`` beside it.
-        ``live_of``: (context_lens, max_blocks, block_size, tile) when only the splits holding keys wrote theirs."""
+    def combine(self, partial: torch.Tensor, lse: torch.Tensor, out: torch.Tensor, num_splits: int) -> None:
+        """``paged_decode_attention``'s ``combine``: ``out`` ``[B, heads, dim]``, and ``words`` beside it."""
         batch, heads, _, dim = partial.shape
-        if words is None:
-            words = torch.empty((batch, int16_x_words(heads * dim)), dtype=torch.int32, device=out.device)
-        self.words = words
-        context_lens, max_blocks, block_size, tile = live_of or (lse, 0, 1, 1)  # lse: a pointer never read
+        self.words = torch.empty((batch, int16_x_words(heads * dim)), dtype=torch.int32, device=out.device)
         _combine_to_integers_kernel[(batch, heads)](
-            partial, lse, out, words, num_splits, out.stride(0), out.stride(1), words.stride(0), context_lens,
-            max_blocks, HEAD_DIM=dim, SPLITS_POW2=triton.next_power_of_2(num_splits), GROUP=GROUP_SIZE,
-            LIVE_ONLY=live_of is not None, BLOCK_SIZE=block_size, TILE=tile, num_warps=4)
+            partial, lse, out, self.words, num_splits, out.stride(0), out.stride(1), self.words.stride(0),
+            HEAD_DIM=dim, SPLITS_POW2=triton.next_power_of_2(num_splits), GROUP=GROUP_SIZE, num_warps=4)
 
     def decode_live_splits(self, grid: tuple, arguments: tuple, keywords: dict, partial: torch.Tensor,
                            lse: torch.Tensor, out: torch.Tensor) -> None:
-        """``paged_decode_attention``'s ``split_kernel``: the splits that hold keys (``live_splits.py``), then
-        this combine over them, or the combine in the decode's last program (``LAST_SPLIT_COMBINES``)."""
-        combine = live_splits.LAST_SPLIT_COMBINES
-        words = live_splits.decode_live_splits(grid, arguments, keywords, partial, lse, out, combine)
-        if combine:
-            self.words = words
-        else:
-            live_of = (arguments[4], arguments[9], keywords["BLOCK_SIZE"], keywords["TILE"])
-            self.combine(partial, lse, out, grid[2], live_of, words)
+        """``paged_decode_attention``'s ``split_kernel``: the splits that hold keys, weighed in the last of them
+        into ``out`` and ``words`` (``live_splits.py``)."""
+        self.words = live_splits.decode_live_splits(grid, arguments, keywords, partial, lse, out)

@@ -14,13 +14,13 @@ Both are m13's to change, through m08's seam ``split_kernel`` (m08's kernel body
     here:  a split with keys: decode, write (partial, lse), count itself done;  the last to count: combine the
            splits with keys, write the heads and o_proj's integers, set the count back to zero
 
-``SKIP_EMPTY_SPLITS`` turns on the first half (the empty programs return at once, the combine launch reads only the
-splits with keys: the same bits as before, since an empty split's weight was exactly zero); ``LAST_SPLIT_COMBINES``
-the second: the program that counts itself last of its (sequence, K/V head) weighs the ``GROUP`` query heads'
-partial rows, in chunks of ``SPLITS_CHUNK`` splits with a running maximum (the online softmax again, one level up:
-not m08's order of additions, so not its bits), and writes the heads and their ``int16_x`` words. Its work is one
-chain of latencies (the count, the loads, the stores) that nothing overlaps, the lesson of the norm epilogue
-(call 58): whether that chain is shorter than a launch is what an H200 call must say.
+The program that counts itself last of its (sequence, K/V head) weighs the ``GROUP`` query heads' partial rows,
+in chunks of ``SPLITS_CHUNK`` splits with a running maximum (the online softmax again, one level up: not m08's
+order of additions, so not its bits), and writes the heads and their ``int16_x`` words. Its work is one chain of
+latencies (the count, the loads, the stores) that nothing overlaps, the lesson of the norm epilogue (call 58):
+on the H200 (call 100) the kernel took what the decode and the combine launch took together, 7.0 µs a layer, and
+the step 19 µs less at one row and 38 at two (the launch's gap), 18 more at four: so up to ``LIVE_SPLITS_MAX_ROWS``.
+Skipping the empty splits alone, with the combine launch after, was no faster at one row.
 """
 
 from __future__ import annotations
@@ -30,15 +30,22 @@ import triton
 import triton.language as tl
 
 from milestones.m08_triton_kernel.device_kernel import device_kernel
+from milestones.m08_triton_kernel.launch_config import DecodeKernelConfig
 from milestones.m08_triton_kernel.paged_decode_kernel import decode_split, split_keys
 
 from .integer_dots import int16_x_words, store_int16_groups
 from .matmul_kernels import zeroed_counters
 from .quantize import GROUP_SIZE
 
-SKIP_EMPTY_SPLITS = False  # off until an H200 A/B times it (scratch/live_splits_ab.py)
-LAST_SPLIT_COMBINES = False  # likewise; it needs SKIP_EMPTY_SPLITS (the count is of the splits that hold keys)
+LIVE_SPLITS_MAX_ROWS = 2  # decode graphs up to this many rows decode so (0: never; m13_step_times+live-splits.json)
 SPLITS_CHUNK = 16  # splits whose partial rows the combine loads at once: [GROUP, 16, head_dim] float32
+# The launch of this kernel on a 16-bit cache (None: m08's table); an FP8 cache keeps m08's FP8 table.
+LIVE_SPLITS_CONFIG: DecodeKernelConfig | None = None
+
+
+def config_for(fp8: bool) -> dict:
+    """``paged_decode_attention``'s ``config`` option for this kernel, if it has its own."""
+    return {} if fp8 or LIVE_SPLITS_CONFIG is None else {"config": LIVE_SPLITS_CONFIG}
 
 
 @triton.jit
@@ -100,9 +107,9 @@ def _live_splits_decode_kernel(
     GROUP: tl.constexpr, GROUP_ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     TILE: tl.constexpr, SPLIT: tl.constexpr, DOT_FP32: tl.constexpr, IEEE: tl.constexpr,
     k_scale_ptr, v_scale_ptr, KV_FP8: tl.constexpr, FP8_WORDS: tl.constexpr, PTX: tl.constexpr,
-    COMBINE: tl.constexpr, GROUP_POW2: tl.constexpr, SPLITS_CHUNK: tl.constexpr, WORD_GROUP: tl.constexpr,
+    GROUP_POW2: tl.constexpr, SPLITS_CHUNK: tl.constexpr, WORD_GROUP: tl.constexpr,
 ):
-    """m08's decode program, run only where its split holds keys; with ``COMBINE``, then ``combine_when_last``."""
+    """m08's decode program, run only where its split holds keys, then ``combine_when_last``."""
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -114,23 +121,20 @@ def _live_splits_decode_kernel(
                      stride_partial_seq, stride_partial_head, stride_partial_split, GROUP, GROUP_ROWS, HEAD_DIM,
                      BLOCK_SIZE, TILE, SPLIT, DOT_FP32, IEEE, k_scale_ptr, v_scale_ptr, KV_FP8, FP8_WORDS, PTX,
                      seq, kv_head, split)
-        if COMBINE:
-            combine_when_last(partial_ptr, lse_ptr, heads_ptr, words_ptr, count_ptr, seq, kv_head, live,
-                              num_splits, stride_heads_seq, stride_heads_head, stride_words, GROUP, GROUP_POW2,
-                              HEAD_DIM, SPLITS_CHUNK, WORD_GROUP)
+        combine_when_last(partial_ptr, lse_ptr, heads_ptr, words_ptr, count_ptr, seq, kv_head, live, num_splits,
+                          stride_heads_seq, stride_heads_head, stride_words, GROUP, GROUP_POW2, HEAD_DIM,
+                          SPLITS_CHUNK, WORD_GROUP)
 
 
 def decode_live_splits(grid: tuple[int, int, int], arguments: tuple, keywords: dict, partial: torch.Tensor,
-                       lse: torch.Tensor, heads: torch.Tensor, combine: bool) -> torch.Tensor:
-    """m08's ``split_kernel`` seam: the decode over the splits that hold keys, and with ``combine`` the heads
-    weighed in its last program; returns the heads' ``int16_x`` words then (else an unwritten buffer, for
-    ``integer_heads``' combine to fill)."""
+                       lse: torch.Tensor, heads: torch.Tensor) -> torch.Tensor:
+    """m08's ``split_kernel`` seam: the decode over the splits that hold keys, the heads weighed into ``heads`` in
+    its last program; returns their ``int16_x`` words."""
     batch, kv_heads, num_splits = grid
     words = torch.empty((batch, int16_x_words(heads.shape[1] * heads.shape[2])), dtype=torch.int32,
                         device=heads.device)
-    counters = zeroed_counters(heads.device, batch * kv_heads) if combine else words  # words: never read then
     _live_splits_decode_kernel[grid](
-        *arguments, heads, words, counters, heads.stride(0), heads.stride(1), words.stride(0), **keywords,
-        COMBINE=combine, GROUP_POW2=triton.next_power_of_2(keywords["GROUP"]),
+        *arguments, heads, words, zeroed_counters(heads.device, batch * kv_heads), heads.stride(0), heads.stride(1),
+        words.stride(0), **keywords, GROUP_POW2=triton.next_power_of_2(keywords["GROUP"]),
         SPLITS_CHUNK=min(SPLITS_CHUNK, triton.next_power_of_2(num_splits)), WORD_GROUP=GROUP_SIZE)
     return words
