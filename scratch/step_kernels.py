@@ -6,7 +6,8 @@ call 87 after the integer norm went to 16 warps, multiplying.)
 
     python3 scratch/step_kernels.py OUT.json [BATCHES] [MODES]
 
-MODES (default bf16,int4) may name int4-t16: int4 with the live-splits decode in 16-key tiles (live_splits.py).
+MODES: quant_step's (default bf16,int4). Calls 99-101 also profiled variants a scratch A/B set up
+(``rope_kv_ab.py`` at b01dcb8, ``live_splits_tiles_ab.py`` at 8e5fda6).
 """
 
 from __future__ import annotations
@@ -22,11 +23,8 @@ from torch.profiler import ProfilerActivity, profile
 import benchmarks.quant_step as quant_step
 from benchmarks.env import environment
 from milestones.common.demo import cuda_median_ms
-from milestones.m08_triton_kernel.launch_config import DecodeKernelConfig
-from milestones.m13_quantization import live_splits
 
 REPLAYS = 20
-T16 = DecodeKernelConfig(tile_tokens=16, num_warps=4, num_stages=2, programs_per_sm=3)
 
 
 def kernels_of(engine, size: int = 1, context: int = 512) -> dict:
@@ -59,9 +57,7 @@ def main(out: str, batches: list[int], modes: list[str]) -> None:
     result = {"name": "step_kernels", "env": environment("cuda"), "model": args.model, "batches": batches,
               "context": 512, "replays": REPLAYS, "modes": {}}
     for mode in modes:
-        live_splits.LIVE_SPLITS_CONFIG = T16 if mode == "int4-t16" else None  # read while the graphs are captured
-        engine = quant_step.build("int4" if mode == "int4-t16" else mode, args)
-        live_splits.LIVE_SPLITS_CONFIG = None
+        engine = quant_step.build(mode, args)
         for size in batches:
             result["modes"][f"{mode} b{size}"] = r = kernels_of(engine, size)
             print(f"[{mode} b{size}] step {r['event_median_ms']:.3f} ms (events); GPU busy {r['busy_us_per_step']:.0f} "

@@ -144,26 +144,6 @@ def fp8_jobs(quick: bool = False):
                 paged_decode_kernel.paged_decode_attention(q, cache, cache.clone(), tables, lens, 128 ** -0.5,
                                                            num_splits=splits, k_scale=scale, v_scale=scale)
             jobs.append((f"decode fp8 {'direct' if splits == 1 else 'split'} q {str(dtype)[6:]}", decode))
-    return jobs + live_splits_jobs()
-
-
-def live_splits_jobs():
-    """m13's decode over the splits that hold keys, combined in its last program (live_splits.py), on a bf16 cache
-    and an FP8 one (Qwen3-8B's heads: 32 over 8 K/V heads of 128)."""
-    from milestones.m08_triton_kernel import paged_decode_kernel
-    from milestones.m13_quantization.integer_heads import IntegerHeadsAttention
-
-    jobs = []
-    for cache_dtype in (torch.bfloat16, torch.float8_e4m3fn):
-        def decode(cache_dtype=cache_dtype):
-            q = torch.zeros(1, 32, 128, dtype=torch.bfloat16)
-            cache = torch.zeros(8, 16, 8, 128, dtype=cache_dtype)
-            scales = dict(k_scale=torch.ones(1), v_scale=torch.ones(1)) if cache_dtype != torch.bfloat16 else {}
-            attention = IntegerHeadsAttention(None, None, None, None, 0)
-            paged_decode_kernel.paged_decode_attention(
-                q, cache, cache.clone(), torch.arange(8, dtype=torch.int32).view(1, 8), torch.tensor([100]),
-                128 ** -0.5, num_splits=49, split_kernel=attention.decode_live_splits, **scales)
-        jobs.append((f"decode live splits, combined in the last, {str(cache_dtype)[6:]} cache", decode))
     return jobs
 
 
@@ -207,8 +187,8 @@ def main(argv: list[str] | None = None) -> int:
     from triton.runtime.driver import driver
 
     from milestones.m08_triton_kernel import paged_decode_kernel, store_kv_kernel
-    from milestones.m13_quantization import (deferred_norm, dequant_matmul, integer_dots, integer_heads,
-                                             integer_norm, live_splits, matmul_kernels, sliced_sums, swap_ab_matmul)
+    from milestones.m13_quantization import (deferred_norm, dequant_matmul, integer_dots, integer_norm,
+                                             matmul_kernels, sliced_sums, swap_ab_matmul)
 
     driver.set_active(TargetOnlyDriver(GPUTarget("cuda", args.arch, 32)))
     compiled: list = []
@@ -216,8 +196,6 @@ def main(argv: list[str] | None = None) -> int:
                           (integer_dots, ("_int16_x_kernel",)),
                           (integer_norm, ("_add_rms_norm_int16_kernel", "_slices_add_rms_norm_int16_kernel")),
                           (deferred_norm, ("_deferred_norm_kernel",)), (sliced_sums, ("_sliced_qk_norm_rope_kernel",)),
-                          (live_splits, ("_live_splits_decode_kernel",)),
-                          (integer_heads, ("_combine_to_integers_kernel",)),
                           (dequant_matmul, ("_dequantize_kernel",)), (swap_ab_matmul, ("_swap_ab_kernel",)),
                           (paged_decode_kernel, ("_paged_decode_kernel", "_combine_splits_kernel")),
                           (store_kv_kernel, ("_store_kv_kernel",))):

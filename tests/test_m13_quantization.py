@@ -289,7 +289,7 @@ def test_split_k_adds_the_slices(method, rows, dtype):
     out = quantized_matmul(x, qweight, scales, method, config=config, split_k=3)
     assert out.dtype == dtype
     assert_close_to_reference(out, x, qweight, scales, method)
-    counters = matmul_kernels.zeroed_counters(x.device, 24)
+    counters = matmul_kernels._split_counters(x.device, 24)
     assert not counters.any(), "a finishing program left its counter set"
     again = quantized_matmul(x, qweight, scales, method, config=config, split_k=3)
     assert torch.equal(again, out)
@@ -338,7 +338,7 @@ def test_gemv_epilogues_finish_what_m12s_kernels_would(config, method, rows, spl
     # atol: where the residual stream nearly cancels, a last-bit difference in it is a large relative one
     tolerance = ACTIVATION_TOLERANCE[dtype] / 4
     torch.testing.assert_close(normed, expected, rtol=tolerance, atol=tolerance)
-    assert not matmul_kernels.zeroed_counters(x.device, 64).any(), "a finishing program left a counter set"
+    assert not matmul_kernels._split_counters(x.device, 64).any(), "a finishing program left a counter set"
     again_residual = residual.clone()
     assert torch.equal(quantized_add_rms_norm(x, qweight, scales, method, again_residual, weight, 1e-6, **launch),
                        normed)

@@ -203,52 +203,23 @@ def _paged_decode_kernel(
     the strides given in words), widened to fp16 in registers (``_fp8_words_to_fp16``; ``PTX``: with Hopper's
     conversion, off in the interpreter), the dots in fp16 on the even and the odd dims; otherwise (a head_dim
     under 32) byte by byte. K's scale multiplies the scores (through ``scale_log2``) and V's the output."""
-    decode_split(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr, out_ptr, lse_ptr, scale_log2,
-                 num_splits, max_blocks, stride_q_seq, stride_q_head, stride_k_block, stride_k_slot, stride_k_head,
-                 stride_v_block, stride_v_slot, stride_v_head, stride_table, stride_out_seq, stride_out_head,
-                 stride_out_split, GROUP, GROUP_ROWS, HEAD_DIM, BLOCK_SIZE, TILE, SPLIT, DOT_FP32, IEEE, k_scale_ptr,
-                 v_scale_ptr, KV_FP8, FP8_WORDS, PTX, tl.program_id(0), tl.program_id(1), tl.program_id(2))
+    seq = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    num_heads = tl.num_programs(1) * GROUP
 
-
-@triton.jit
-def split_keys(context_lens_ptr, seq, split, num_splits, max_blocks, BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr,
-               SPLIT: tl.constexpr):
-    """``(start, end, live)``: the keys ``[start, end)`` the program of ``split`` reads, and how many of the
-    sequence's splits hold keys (1 for a sequence of none; m13's decode skips the others)."""
-    # A table holds max_blocks pages, so clamp to what it can address. Lengths may come as int64 (the engine's
-    # metadata): int32 here, or the loop's key indices would turn int64 inside the loop while starting as int32,
-    # which the compiler rejects (tests/compile_for_gpu.py checks it).
+    # The keys this program reads: [start, end). A table holds max_blocks pages, so clamp to what it can address.
+    # Lengths may come as int64 (the engine's metadata): int32 here, or the loop's key indices would turn int64
+    # inside the loop while starting as int32, which the compiler rejects (tests/compile_for_gpu.py checks it).
     context_len = tl.minimum(tl.load(context_lens_ptr + seq).to(tl.int32), max_blocks * BLOCK_SIZE)
     if SPLIT:
         # Every sequence is cut into num_splits slices of whole tiles, sized by its own length.
         split_len = tl.cdiv(tl.cdiv(context_len, num_splits), TILE) * TILE
         start = split * split_len
         end = tl.minimum(start + split_len, context_len)
-        live = tl.maximum(tl.cdiv(context_len, tl.maximum(split_len, 1)), 1)
     else:
         start = 0
         end = context_len
-        live = 1
-    return start, end, live
-
-
-@triton.jit
-def decode_split(
-    q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr, out_ptr, lse_ptr,
-    scale_log2, num_splits, max_blocks,
-    stride_q_seq, stride_q_head,
-    stride_k_block, stride_k_slot, stride_k_head,
-    stride_v_block, stride_v_slot, stride_v_head,
-    stride_table, stride_out_seq, stride_out_head, stride_out_split,
-    GROUP: tl.constexpr, GROUP_ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    TILE: tl.constexpr, SPLIT: tl.constexpr, DOT_FP32: tl.constexpr, IEEE: tl.constexpr,
-    k_scale_ptr, v_scale_ptr, KV_FP8: tl.constexpr, FP8_WORDS: tl.constexpr, PTX: tl.constexpr,
-    seq, kv_head, split,
-):
-    """The body of ``_paged_decode_kernel`` for the program ``(seq, kv_head, split)`` (a seam: m13's decode kernel
-    runs it only where the split holds keys, then combines the splits in the last of them)."""
-    num_heads = tl.num_programs(1) * GROUP
-    start, end, _ = split_keys(context_lens_ptr, seq, split, num_splits, max_blocks, BLOCK_SIZE, TILE, SPLIT)
 
     rows = tl.arange(0, GROUP_ROWS)  # query head kv_head * GROUP + row; rows >= GROUP are padding
     dims = tl.arange(0, HEAD_DIM)
@@ -446,8 +417,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            max_context_len: int | None = None, num_splits: int | None = None,
                            out: torch.Tensor | None = None,
                            config: DecodeKernelConfig | None = None, k_scale: torch.Tensor | None = None,
-                           v_scale: torch.Tensor | None = None, combine: Callable | None = None,
-                           split_kernel: Callable | None = None) -> torch.Tensor:
+                           v_scale: torch.Tensor | None = None, combine: Callable | None = None) -> torch.Tensor:
     """Attention of one new query token per sequence over its paged K/V; returns ``[B, heads, head_dim]``.
 
     ``q`` ``[B, heads, head_dim]`` (RoPE applied); ``k_cache``/``v_cache`` ``[num_blocks, block_size, kv_heads,
@@ -460,8 +430,6 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     ``k_scale`` / ``v_scale`` (one-element float32 tensors, read on the device): a float8_e4m3fn cache's scales
     (m13), required with such a cache and refused without one. ``combine(partial, lse, out, num_splits)``, where
     K is split: launches what weighs the slices into ``out`` instead of ``_combine_splits_kernel`` (m13's seam).
-    ``split_kernel(grid, arguments, keywords, partial, lse, out)`` (m13's seam), where K is split: launches, in
-    place of ``_paged_decode_kernel`` and any combine, a kernel that takes its arguments and weighs the slices too.
     """
     layout = _layout(q, k_cache, v_cache, block_tables, context_lens, out)
     kv_fp8 = k_cache.dtype == FP8_DTYPE
@@ -495,17 +463,14 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     else:
         lse = out  # unused by the direct path
         target, target_strides = out, (*layout.out_strides, 0)
-    grid = (batch, layout.num_kv_heads, num_splits)
-    arguments = (q, k_cache, v_cache, block_tables, context_lens, target, lse, scale * LOG2_E, num_splits,
-                 layout.max_blocks, *layout.strides, *target_strides)
-    keywords = dict(TILE=config.tile_tokens, SPLIT=split, DOT_FP32=layout.dots_in_fp32 or config.dot_in_fp32,
-                    k_scale_ptr=k_scale, v_scale_ptr=v_scale, KV_FP8=kv_fp8, FP8_WORDS=layout.fp8_words,
-                    PTX=layout.fp8_words and layout.ptx, num_warps=config.num_warps, num_stages=config.num_stages,
-                    **layout.constexprs)
-    if split and split_kernel is not None:
-        split_kernel(grid, arguments, keywords, partial, lse, out)
-        return out
-    _paged_decode_kernel[grid](*arguments, **keywords)
+    _paged_decode_kernel[(batch, layout.num_kv_heads, num_splits)](
+        q, k_cache, v_cache, block_tables, context_lens, target, lse,
+        scale * LOG2_E, num_splits, layout.max_blocks, *layout.strides, *target_strides,
+        TILE=config.tile_tokens, SPLIT=split, DOT_FP32=layout.dots_in_fp32 or config.dot_in_fp32,
+        k_scale_ptr=k_scale, v_scale_ptr=v_scale, KV_FP8=kv_fp8, FP8_WORDS=layout.fp8_words,
+        PTX=layout.fp8_words and layout.ptx,
+        num_warps=config.num_warps, num_stages=config.num_stages, **layout.constexprs,
+    )
     if split and combine is not None:
         combine(partial, lse, out, num_splits)
     elif split:

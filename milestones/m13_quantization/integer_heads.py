@@ -31,7 +31,6 @@ from milestones.m08_triton_kernel.device_kernel import device_kernel
 from milestones.m08_triton_kernel.paged_decode_kernel import combine_splits
 from milestones.m10_cuda_graphs.graph_runner import GraphDecodeAttention
 
-from . import live_splits
 from .integer_dots import int16_x_words, store_int16_groups
 from .quantize import GROUP_SIZE
 
@@ -78,9 +77,6 @@ class IntegerHeadsAttention(GraphDecodeAttention):
         self.words = None
         if not heads_are_groups(q.shape[-1]):
             return super().decode(layer_idx, q, **options)
-        if q.shape[0] <= live_splits.LIVE_SPLITS_MAX_ROWS:  # the combine in the decode's last program
-            return super().decode(layer_idx, q, split_kernel=self.decode_live_splits, **options,
-                                  **live_splits.config_for(fp8=options.get("k_scale") is not None))
         return super().decode(layer_idx, q, combine=self.combine, **options)
 
     def take_words(self) -> torch.Tensor | None:
@@ -95,9 +91,3 @@ class IntegerHeadsAttention(GraphDecodeAttention):
         _combine_to_integers_kernel[(batch, heads)](
             partial, lse, out, self.words, num_splits, out.stride(0), out.stride(1), self.words.stride(0),
             HEAD_DIM=dim, SPLITS_POW2=triton.next_power_of_2(num_splits), GROUP=GROUP_SIZE, num_warps=4)
-
-    def decode_live_splits(self, grid: tuple, arguments: tuple, keywords: dict, partial: torch.Tensor,
-                           lse: torch.Tensor, out: torch.Tensor) -> None:
-        """``paged_decode_attention``'s ``split_kernel``: the splits that hold keys, weighed in the last of them
-        into ``out`` and ``words`` (``live_splits.py``)."""
-        self.words = live_splits.decode_live_splits(grid, arguments, keywords, partial, lse, out)

@@ -512,7 +512,7 @@ def _gemv(x, qweight, scales, m, n, k, int4, config, split_k, epilogue: _Epilogu
                              f"programs' ({per_block} outputs a program, {outputs} outputs)")
     # a counter per row block where a finishing program adds the slices; after them the norm's, the groups'
     if (split_k > 1 and not leave_slices) or epilogue.name == "add_rms_norm" or x_words_out:
-        counters = zeroed_counters(x.device, blocks + 1 + (outputs // GROUP_SIZE if x_words_out else 0))
+        counters = _split_counters(x.device, blocks + 1 + (outputs // GROUP_SIZE if x_words_out else 0))
     residual = norm_weight = out
     if epilogue.name == "add_rms_norm":
         residual, norm_weight = epilogue.residual, epilogue.norm_weight
@@ -564,7 +564,7 @@ _OUTGROWN: list[torch.Tensor] = []  # counters a graph captured earlier may stil
 MIN_COUNTERS = 1 << 14  # row blocks one split launch may have before its device's counters are reallocated
 
 
-def zeroed_counters(device: torch.device, row_blocks: int) -> torch.Tensor:
+def _split_counters(device: torch.device, row_blocks: int) -> torch.Tensor:
     """A device's GEMV counters (int32, zero between launches): one per row block for split-K (its finishing
     program sets it back), and one after them for the add + norm epilogue (its last block sets it back). Kept
     across launches and shared by them, so a captured CUDA graph needs no fill before
