@@ -3,8 +3,9 @@
 An eager decode step of Qwen3-0.6B launches about 540 kernels from Python with m10's packed layers (700-760
 with m01's), one after another, and each launch costs the CPU 14-40 microseconds on the H200 hosts measured
 (Python, PyTorch's dispatcher or Triton's launcher, then the driver), so the step takes 10-28 ms whatever it
-computes (docs/m10-cuda-graphs.md counts the kernels and divides the measured steps by them). A **CUDA graph** records the launches of one forward pass (kernels,
-arguments, memory addresses) and replays all of them with a single call. Three consequences shape this file:
+computes (docs/m10-cuda-graphs.md counts the kernels and divides the measured steps by them). A **CUDA graph**
+records the launches of one forward pass (kernels, arguments, memory addresses) and replays all of them with a
+single call. Three consequences shape this file:
 
 * **Static buffers.** A replay reuses the recorded addresses, so the inputs must be *in* tensors that never
   move: token ids, positions, slot mapping, block tables and context lengths each live in one buffer sized for
