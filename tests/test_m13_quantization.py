@@ -104,7 +104,7 @@ def test_int4_tiles_put_a_group_of_16_rows_in_one_contiguous_kib():
 def test_bytes_per_weight_is_the_format_arithmetic():
     assert bytes_per_weight(None, torch.bfloat16) == 2 and bytes_per_weight(None, torch.float32) == 4
     assert bytes_per_weight("int8") == 1
-    assert bytes_per_weight("int4") == 0.5 + 4 / 128  # a float32 scale per 128 weights
+    assert bytes_per_weight("int4") == 0.5 + 2 / 128  # a bfloat16 scale per 128 weights
 
 
 @pytest.mark.parametrize("out_features", [40, 48], ids=["rows", "tiles"])
@@ -120,7 +120,9 @@ def test_quantized_linear_module_matches_its_dequantized_weight(out_features):
         x = torch.randn(3, 7, 256)
         expected = x @ dequantize_weight(module.qweight, module.scales, method).T + linear.bias
         assert torch.allclose(module(x), expected, atol=1e-5)
-        assert module.weight_bytes == module.qweight.numel() * module.qweight.element_size() + 4 * module.scales.numel()
+        scale_bytes = 4 if method == "int8" else 2  # int4: a bfloat16 scale per group (quantize.INT4_SCALE_DTYPE)
+        assert module.scales.element_size() == scale_bytes
+        assert module.weight_bytes == module.qweight.numel() * module.qweight.element_size() + scale_bytes * module.scales.numel()
 
 
 # --------------------------------------------------------------------------- launch configuration

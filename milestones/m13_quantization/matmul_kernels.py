@@ -169,14 +169,14 @@ def _quantized_gemv_kernel(
                 kb = tl.multiple_of((kg // GROUP) * group_stride, WIDTH)  # the group's first byte (or word)
                 if EVEN:
                     b = tl.load(w_rows + (kb + j)[None, :])  # [BLOCK_N, WIDTH]: bytes (uint8) or words (int32)
-                    scale = tl.load(s_ptr + cols * stride_sn + (kg // GROUP) * stride_sg)  # [BLOCK_N]
+                    scale = tl.load(s_ptr + cols * stride_sn + (kg // GROUP) * stride_sg).to(tl.float32)  # [BLOCK_N]
                     x_ok = None
                 else:
                     x_ok = kg + j < k_end  # K and k_end are whole groups: all true or all false
                     b = tl.load(w_rows + (kb + j)[None, :], mask=col_ok[:, None] & x_ok[None, :], other=0)
                     # a group past k_end has x = 0: any finite scale will do, read from a valid address
                     scale = tl.load(s_ptr + cols * stride_sn + (tl.minimum(kg, K - GROUP) // GROUP) * stride_sg,
-                                    mask=col_ok, other=0.0)
+                                    mask=col_ok, other=0.0).to(tl.float32)
                 if WORDS and UNPACK == DP4A:  # x_ptr: int16_x's words (integer_dots.py)
                     group_end = None if EVEN else k_end
                     part, s_x = _int4_group_dp4a(b, x_ptr, K, kg, group_end, WIDTH, PTX)
@@ -348,8 +348,7 @@ def _quantized_dot_kernel(
                 # a group past K (the last step of a K that BLOCK_K does not divide) has x = 0: any finite scale
                 # will do, read from a valid address
                 scale = tl.load(s_ptr + cols * stride_sn + tl.minimum(kg // GROUP, K // GROUP - 1) * stride_sg,
-                                mask=col_ok,
-                                other=0.0)[:, None]
+                                mask=col_ok, other=0.0).to(tl.float32)[:, None]
                 # the group's scale goes into the unpacked tile (one rounding to the dot's dtype), so the dots
                 # accumulate straight into acc: no second [BLOCK_M, BLOCK_N] accumulator to hold in registers
                 lo, hi = _unpack_int4(b, MAGIC)  # no int-to-float conversions (quarter rate): see the gemv
@@ -416,8 +415,10 @@ def _check(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, method:
     if tuple(qweight.shape) != shape or qweight.dtype != dtype:
         raise ValueError(f"{method} qweight for x {tuple(x.shape)} must be {dtype} {shape}, got {qweight.dtype} "
                          f"{tuple(qweight.shape)}")
-    if tuple(scales.shape) != scale_shape or scales.dtype != torch.float32:
-        raise ValueError(f"{method} scales must be float32 {scale_shape}, got {scales.dtype} {tuple(scales.shape)}")
+    scale_dtypes = (torch.float32,) if method == "int8" else (torch.float32, torch.bfloat16)
+    if tuple(scales.shape) != scale_shape or scales.dtype not in scale_dtypes:
+        names = " or ".join(str(d).removeprefix("torch.") for d in scale_dtypes)
+        raise ValueError(f"{method} scales must be {names} {scale_shape}, got {scales.dtype} {tuple(scales.shape)}")
     scales_ok = scales.stride(-1) == 1 or (scales.dim() == 2 and scales.stride(0) == 1)  # int4: either order
     contiguous = x.stride(-1) == 1 and qweight.stride(-1) == 1 and scales_ok
     if not contiguous or (tiled and not qweight.is_contiguous()):

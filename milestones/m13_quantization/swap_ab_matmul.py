@@ -73,7 +73,7 @@ def _swap_ab_kernel(
         w_rows, group_stride = _int4_rows(w_ptr, cols, stride_wn, K, TILED, HALF, GROUP)
         for g in tl.range(first, last, num_stages=NUM_STAGES):
             b = tl.load(w_rows + (g * group_stride + j)[None, :], mask=col_ok[:, None], other=0).to(tl.int32)
-            scale = tl.load(s_ptr + cols * stride_sn + g * stride_sg, mask=col_ok, other=0.0)[:, None]
+            scale = tl.load(s_ptr + cols * stride_sn + g * stride_sg, mask=col_ok, other=0.0).to(tl.float32)[:, None]
             lo, hi = _unpack_int4(b, MAGIC)
             x_t = x_ptr + rows[None, :] * stride_xm + (g * GROUP + j)[:, None]  # [HALF, BLOCK_M]: x^T
             x_lo = tl.load(x_t, mask=row_ok[None, :], other=0.0).to(dot_dtype)
