@@ -47,6 +47,7 @@ from milestones.m13_quantization.launch_config import (CANDIDATES, LAUNCH_TABLE,
 from milestones.m13_quantization.dequant_matmul import quantized_matmul_reference  # noqa: E402
 from milestones.m13_quantization.epilogue_matmuls import quantized_add_rms_norm, quantized_silu_and_mul  # noqa: E402
 from milestones.m13_quantization.matmul_kernels import quantized_matmul  # noqa: E402
+from milestones.m13_quantization.weight_unpacking import scale_pairs  # noqa: E402
 from milestones.m13_quantization.quantize import (GROUP_SIZE, QuantizedLinear, bytes_per_weight,  # noqa: E402
                                                   dequantize_weight, group_major, pack_int4, quantize_weight,
                                                   tile_int4, unpack_int4, untile_int4)
@@ -217,8 +218,11 @@ def test_quantized_matmul_matches_the_reference(method, config, m, dtype, n, k):
     x, qweight, scales = matmul_case(method, m, n, k, dtype)
     out = quantized_matmul(x, qweight, scales, method, config=config)
     assert_close_to_reference(out, x, qweight, scales, method)
-    if method == "int4":  # packed rows with the scales group by group (QuantizedLinear's where N % 16): the same sums
+    if method == "int4":  # packed rows with the scales group by group (QuantizedLinear's where N % 16): the same sums,
+        # bfloat16 scales read two rows a 32-bit word there (weight_unpacking.scale_pairs), or the same in float32
+        assert scales.dtype == torch.bfloat16 and scale_pairs(group_major(scales)) and not scale_pairs(scales)
         assert torch.equal(quantized_matmul(x, qweight, group_major(scales), method, config=config), out)
+        assert torch.equal(quantized_matmul(x, qweight, group_major(scales.float()), method, config=config), out)
 
 
 @pytest.mark.parametrize("method, n, k", [("int8", 72, 200), ("int4", 80, 640)], ids=["int8-k-tail", "int4"])
@@ -417,6 +421,11 @@ def test_the_wrapper_refuses_bad_shapes_in_one_line():
         quantized_matmul(x, tiles[:, :1].contiguous(), scales, "int4")
     with pytest.raises(ValueError, match="int4 tiles: contiguous"):
         quantized_matmul(x, tiles.transpose(0, 1), scales, "int4")
+    with pytest.raises(ValueError, match=r"int4 scales must be float32 or bfloat16 \(32, 2\), got torch.float16"):
+        quantized_matmul(x, tiles, scales.half(), "int4")
+    with pytest.raises(ValueError, match=r"int8 scales must be float32 \(16,\), got torch.bfloat16"):
+        quantized_matmul(*matmul_case("int8", 2, 16, 256, torch.float32)[:2], torch.ones(16, dtype=torch.bfloat16,
+                                                                                       device=DEVICE), "int8")
     strided = torch.zeros(64, 4, device=DEVICE)[::2, ::2]  # scales contiguous along neither dimension
     with pytest.raises(ValueError, match="scales along one of theirs"):
         quantized_matmul(x, tiles, strided, "int4")
