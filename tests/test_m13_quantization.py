@@ -47,7 +47,6 @@ from milestones.m13_quantization.launch_config import (CANDIDATES, LAUNCH_TABLE,
 from milestones.m13_quantization.dequant_matmul import quantized_matmul_reference  # noqa: E402
 from milestones.m13_quantization.epilogue_matmuls import quantized_add_rms_norm, quantized_silu_and_mul  # noqa: E402
 from milestones.m13_quantization.matmul_kernels import quantized_matmul  # noqa: E402
-from milestones.m13_quantization.weight_unpacking import scale_pairs  # noqa: E402
 from milestones.m13_quantization.quantize import (GROUP_SIZE, QuantizedLinear, bytes_per_weight,  # noqa: E402
                                                   dequantize_weight, group_major, pack_int4, quantize_weight,
                                                   tile_int4, unpack_int4, untile_int4)
@@ -105,7 +104,7 @@ def test_int4_tiles_put_a_group_of_16_rows_in_one_contiguous_kib():
 def test_bytes_per_weight_is_the_format_arithmetic():
     assert bytes_per_weight(None, torch.bfloat16) == 2 and bytes_per_weight(None, torch.float32) == 4
     assert bytes_per_weight("int8") == 1
-    assert bytes_per_weight("int4") == 0.5 + 2 / 128  # a bfloat16 scale per 128 weights
+    assert bytes_per_weight("int4") == 0.5 + 4 / 128  # a float32 scale per 128 weights
 
 
 @pytest.mark.parametrize("out_features", [40, 48], ids=["rows", "tiles"])
@@ -121,9 +120,7 @@ def test_quantized_linear_module_matches_its_dequantized_weight(out_features):
         x = torch.randn(3, 7, 256)
         expected = x @ dequantize_weight(module.qweight, module.scales, method).T + linear.bias
         assert torch.allclose(module(x), expected, atol=1e-5)
-        scale_bytes = 4 if method == "int8" else 2  # int4: a bfloat16 scale per group (quantize.INT4_SCALE_DTYPE)
-        assert module.scales.element_size() == scale_bytes
-        assert module.weight_bytes == module.qweight.numel() * module.qweight.element_size() + scale_bytes * module.scales.numel()
+        assert module.weight_bytes == module.qweight.numel() * module.qweight.element_size() + 4 * module.scales.numel()
 
 
 # --------------------------------------------------------------------------- launch configuration
@@ -218,11 +215,8 @@ def test_quantized_matmul_matches_the_reference(method, config, m, dtype, n, k):
     x, qweight, scales = matmul_case(method, m, n, k, dtype)
     out = quantized_matmul(x, qweight, scales, method, config=config)
     assert_close_to_reference(out, x, qweight, scales, method)
-    if method == "int4":  # packed rows with the scales group by group (QuantizedLinear's where N % 16): the same sums,
-        # bfloat16 scales read two rows a 32-bit word there (weight_unpacking.scale_pairs), or the same in float32
-        assert scales.dtype == torch.bfloat16 and scale_pairs(group_major(scales)) and not scale_pairs(scales)
+    if method == "int4":  # packed rows with the scales group by group (QuantizedLinear's where N % 16): the same sums
         assert torch.equal(quantized_matmul(x, qweight, group_major(scales), method, config=config), out)
-        assert torch.equal(quantized_matmul(x, qweight, group_major(scales.float()), method, config=config), out)
 
 
 @pytest.mark.parametrize("method, n, k", [("int8", 72, 200), ("int4", 80, 640)], ids=["int8-k-tail", "int4"])
@@ -421,11 +415,6 @@ def test_the_wrapper_refuses_bad_shapes_in_one_line():
         quantized_matmul(x, tiles[:, :1].contiguous(), scales, "int4")
     with pytest.raises(ValueError, match="int4 tiles: contiguous"):
         quantized_matmul(x, tiles.transpose(0, 1), scales, "int4")
-    with pytest.raises(ValueError, match=r"int4 scales must be float32 or bfloat16 \(32, 2\), got torch.float16"):
-        quantized_matmul(x, tiles, scales.half(), "int4")
-    with pytest.raises(ValueError, match=r"int8 scales must be float32 \(16,\), got torch.bfloat16"):
-        quantized_matmul(*matmul_case("int8", 2, 16, 256, torch.float32)[:2], torch.ones(16, dtype=torch.bfloat16,
-                                                                                       device=DEVICE), "int8")
     strided = torch.zeros(64, 4, device=DEVICE)[::2, ::2]  # scales contiguous along neither dimension
     with pytest.raises(ValueError, match="scales along one of theirs"):
         quantized_matmul(x, tiles, strided, "int4")

@@ -14,7 +14,7 @@ KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")
 @dataclass
 class EngineConfig(PreviousConfig):
     """* ``quantization``: ``None`` (weights in ``dtype``), ``"int8"`` (one byte per weight, a float32 scale per
-      output row) or ``"int4"`` (half a byte per weight, a bfloat16 scale per 128 inputs of a row). Weight-only:
+      output row) or ``"int4"`` (half a byte per weight, a float32 scale per 128 inputs of a row). Weight-only:
       activations, the K/V cache and the embedding stay in ``dtype``; every linear layer of the decoder layers
       and an untied LM head are quantized at load.
     * ``kv_cache_dtype``: ``"auto"`` (the K/V cache in ``dtype``) or ``"fp8"`` / ``"fp8_e4m3"`` (float8 e4m3,

@@ -47,8 +47,7 @@ def _dequantize_kernel(
         w_rows, group_stride = _int4_rows(w_ptr, cols, stride_wn, K, TILED, HALF, GROUP)
         b = tl.load(w_rows[:, :, None] + (g[:, None] * group_stride + j[None, :])[None, :, :], mask=mask,
                     other=0).to(tl.int32)
-        scale = tl.load(s_ptr + cols[:, None] * stride_sn + g[None, :] * stride_sg, mask=scale_mask,
-                        other=0.0).to(tl.float32)
+        scale = tl.load(s_ptr + cols[:, None] * stride_sn + g[None, :] * stride_sg, mask=scale_mask, other=0.0)
         lo, hi = _unpack_int4(b, MAGIC)
         k_lo = (g[:, None] * GROUP + j[None, :])[None, :, :]
         out = out_ptr + cols[:, None, None] * stride_on + k_lo

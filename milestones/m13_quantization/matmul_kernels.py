@@ -61,8 +61,8 @@ from .launch_config import UNPACK_MODES, QuantMatmulConfig, choose_launch, choos
 from .quantize import GROUP_SIZE, QUANTIZATION_METHODS, TILE_ROWS
 from .swap_ab_matmul import swap_ab_matmul
 from .integer_dots import _int4_group_dp4a, int16_x, int16_x_words
-from .weight_unpacking import (DP4A, MAGIC, SUBNORMAL, UNIT_DOWN, _group_scales, _int4_group_subnormal, _int4_products,
-                               _int4_rows, _int8_to_float, _load_x, _unpack_int4, scale_pairs)
+from .weight_unpacking import (DP4A, MAGIC, SUBNORMAL, UNIT_DOWN, _int4_group_subnormal, _int4_products, _int4_rows,
+                               _int8_to_float, _load_x, _unpack_int4)
 
 ACTIVATION_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MAX_SPLIT_K = 64  # slices of K a caller may ask for (the heuristic stays at launch_config.MAX_SPLIT_K)
@@ -111,7 +111,6 @@ def _quantized_gemv_kernel(
     NUM_STAGES: tl.constexpr, TILED: tl.constexpr, EPILOGUE: tl.constexpr, NORM_N: tl.constexpr,
     NORM_WHOLE: tl.constexpr, BLOCKS_N: tl.constexpr, X_WORDS: tl.constexpr, PTX: tl.constexpr,
     FINISH: tl.constexpr = True, ROW_NORM_PARTS: tl.constexpr = 0, ROW_NORM_POW2: tl.constexpr = 1,
-    SCALE_PAIRS: tl.constexpr = False,
 ):
     """One program: output rows [pid_n * BLOCK_N, +BLOCK_N) for the ``ROWS`` (1-4) rows of x, over its slice of K.
 
@@ -170,14 +169,14 @@ def _quantized_gemv_kernel(
                 kb = tl.multiple_of((kg // GROUP) * group_stride, WIDTH)  # the group's first byte (or word)
                 if EVEN:
                     b = tl.load(w_rows + (kb + j)[None, :])  # [BLOCK_N, WIDTH]: bytes (uint8) or words (int32)
-                    scale = _group_scales(s_ptr, cols, kg // GROUP, stride_sn, stride_sg, col_ok, False, SCALE_PAIRS)
+                    scale = tl.load(s_ptr + cols * stride_sn + (kg // GROUP) * stride_sg)  # [BLOCK_N]
                     x_ok = None
                 else:
                     x_ok = kg + j < k_end  # K and k_end are whole groups: all true or all false
                     b = tl.load(w_rows + (kb + j)[None, :], mask=col_ok[:, None] & x_ok[None, :], other=0)
                     # a group past k_end has x = 0: any finite scale will do, read from a valid address
-                    scale = _group_scales(s_ptr, cols, tl.minimum(kg, K - GROUP) // GROUP, stride_sn, stride_sg,
-                                          col_ok, True, SCALE_PAIRS)
+                    scale = tl.load(s_ptr + cols * stride_sn + (tl.minimum(kg, K - GROUP) // GROUP) * stride_sg,
+                                    mask=col_ok, other=0.0)
                 if WORDS and UNPACK == DP4A:  # x_ptr: int16_x's words (integer_dots.py)
                     group_end = None if EVEN else k_end
                     part, s_x = _int4_group_dp4a(b, x_ptr, K, kg, group_end, WIDTH, PTX)
@@ -315,7 +314,7 @@ def _quantized_dot_kernel(
     stride_xm, stride_wn, stride_sn, stride_sg, stride_om,
     INT4: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP: tl.constexpr, GROUP_M: tl.constexpr, DOT_FP32: tl.constexpr, IEEE: tl.constexpr, EVEN_K: tl.constexpr,
-    TILED: tl.constexpr, SCALE_PAIRS: tl.constexpr = False,
+    TILED: tl.constexpr,
 ):
     """One program: the ``[BLOCK_M, BLOCK_N]`` tile of the output; W's tile unpacked and fed to ``tl.dot``.
     ``EVEN_K``: K is whole tiles, so int8's loads need no mask along K."""
@@ -348,8 +347,9 @@ def _quantized_dot_kernel(
                             mask=col_ok[:, None] & group_ok[None, :], other=0).to(tl.int32)  # [BLOCK_N, HALF]
                 # a group past K (the last step of a K that BLOCK_K does not divide) has x = 0: any finite scale
                 # will do, read from a valid address
-                scale = _group_scales(s_ptr, cols, tl.minimum(kg // GROUP, K // GROUP - 1), stride_sn, stride_sg,
-                                      col_ok, True, SCALE_PAIRS)[:, None]
+                scale = tl.load(s_ptr + cols * stride_sn + tl.minimum(kg // GROUP, K // GROUP - 1) * stride_sg,
+                                mask=col_ok,
+                                other=0.0)[:, None]
                 # the group's scale goes into the unpacked tile (one rounding to the dot's dtype), so the dots
                 # accumulate straight into acc: no second [BLOCK_M, BLOCK_N] accumulator to hold in registers
                 lo, hi = _unpack_int4(b, MAGIC)  # no int-to-float conversions (quarter rate): see the gemv
@@ -416,10 +416,8 @@ def _check(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, method:
     if tuple(qweight.shape) != shape or qweight.dtype != dtype:
         raise ValueError(f"{method} qweight for x {tuple(x.shape)} must be {dtype} {shape}, got {qweight.dtype} "
                          f"{tuple(qweight.shape)}")
-    scale_dtypes = (torch.float32,) if method == "int8" else (torch.float32, torch.bfloat16)
-    if tuple(scales.shape) != scale_shape or scales.dtype not in scale_dtypes:
-        names = " or ".join(str(d).removeprefix("torch.") for d in scale_dtypes)
-        raise ValueError(f"{method} scales must be {names} {scale_shape}, got {scales.dtype} {tuple(scales.shape)}")
+    if tuple(scales.shape) != scale_shape or scales.dtype != torch.float32:
+        raise ValueError(f"{method} scales must be float32 {scale_shape}, got {scales.dtype} {tuple(scales.shape)}")
     scales_ok = scales.stride(-1) == 1 or (scales.dim() == 2 and scales.stride(0) == 1)  # int4: either order
     contiguous = x.stride(-1) == 1 and qweight.stride(-1) == 1 and scales_ok
     if not contiguous or (tiled and not qweight.is_contiguous()):
@@ -547,7 +545,7 @@ def _gemv(x, qweight, scales, m, n, k, int4, config, split_k, epilogue: _Epilogu
         NUM_STAGES=config.num_stages, TILED=qweight.dim() == 4, EPILOGUE=epilogue_index(epilogue.name),
         **_norm_constants(epilogue.name, outputs, blocks, m), X_WORDS=x_words_out,
         PTX=not runs_interpreted(x.device), FINISH=not leave_slices, ROW_NORM_PARTS=norm_parts,
-        ROW_NORM_POW2=triton.next_power_of_2(max(norm_parts, 1)), SCALE_PAIRS=scale_pairs(scales),
+        ROW_NORM_POW2=triton.next_power_of_2(max(norm_parts, 1)),
         num_warps=config.num_warps,
     )
     return partial_sums if leave_slices else out
@@ -601,7 +599,6 @@ def _dot(x, qweight, scales, m, n, k, int4, config) -> torch.Tensor:
         out.stride(0),
         INT4=int4, BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=block_k, GROUP=GROUP_SIZE,
         GROUP_M=config.group_m, DOT_FP32=_dot_fp32(x), IEEE=x.dtype == torch.float32, EVEN_K=k % block_k == 0,
-        TILED=qweight.dim() == 4, SCALE_PAIRS=scale_pairs(scales), num_warps=config.num_warps,
-        num_stages=config.num_stages,
+        TILED=qweight.dim() == 4, num_warps=config.num_warps, num_stages=config.num_stages,
     )
     return out

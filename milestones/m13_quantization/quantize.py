@@ -15,13 +15,8 @@ W8A16 / W4A16): activations stay in bfloat16.
 **int4, groups of 128 along the input dimension** (``quantization="int4"``): one scale per row per group, since
 a single scale per row would spend the 16 levels on the row's largest outlier::
 
-    scale[n, g] = bf16(max_{k in g} |W[n, k]| / 7)   one bfloat16 per 128 weights (0.016 bytes per weight)
+    scale[n, g] = max_{k in g} |W[n, k]| / 7   one float32 per 128 weights (0.03 bytes per weight)
     q[n, k]     = round(W[n, k] / scale[n, g]) in [-7, 7], stored as q + 8 (a nibble, 1..15)
-
-The scale is rounded to bfloat16 first and the weights are divided by the scale as stored, so the rounding only
-moves the grid: 2^-9 of the scale at most, beside a step of 1/7 of the group's largest weight. GPTQ, AWQ and
-Marlin keep 16-bit scales too; float32 ones would be 6% of int4's bytes, bfloat16 ones 3%
-(``INT4_SCALE_DTYPE``; every kernel reads either and multiplies in float32).
 
 Two nibbles share a byte. Within each group of 128, byte ``j`` (0..63) holds element ``j`` in its low nibble and
 element ``j + 64`` in its high nibble (llama.cpp's Q4_0 blocks are laid out the same way), so both nibbles of
@@ -58,7 +53,6 @@ INT8_MAX = 127
 INT4_MAX = 7  # symmetric: -7..7, stored with an offset of 8 as 1..15 (0 and -8 unused)
 INT4_OFFSET = 8
 GROUP_SIZE = 128  # int4: inputs per scale
-INT4_SCALE_DTYPE = torch.bfloat16  # int4's scales as quantize_int4 stores them
 TILE_ROWS = 16  # int4 in tiles: rows of W per tile (tile_int4)
 
 
@@ -93,15 +87,12 @@ def dequantize_int8(q: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype = 
 
 
 def quantize_int4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``[N, K]`` float -> (uint8 ``[N, K // 2]``, two nibbles per byte; scales ``[N, K // 128]`` in
-    ``INT4_SCALE_DTYPE``)."""
+    """``[N, K]`` float -> (uint8 ``[N, K // 2]``, two nibbles per byte; float32 scales ``[N, K // 128]``)."""
     n, k = weight.shape
     check_groupable(k)
     groups = weight.float().view(n, k // GROUP_SIZE, GROUP_SIZE)
-    scales = (groups.abs().amax(dim=2) / INT4_MAX).to(INT4_SCALE_DTYPE)
-    tiny = torch.finfo(INT4_SCALE_DTYPE).tiny  # an all-zero group: any positive scale (its q are all 0)
-    scales = scales.clamp(min=tiny)
-    q = torch.round(groups / scales.float()[:, :, None]).clamp(-INT4_MAX, INT4_MAX).to(torch.int16) + INT4_OFFSET
+    scales = groups.abs().amax(dim=2).clamp(min=torch.finfo(torch.float32).tiny) / INT4_MAX
+    q = torch.round(groups / scales[:, :, None]).clamp(-INT4_MAX, INT4_MAX).to(torch.int16) + INT4_OFFSET
     return pack_int4(q.view(n, k)), scales
 
 
@@ -146,7 +137,7 @@ def dequantize_int4(packed: torch.Tensor, scales: torch.Tensor, dtype: torch.dty
     packed = untile_int4(packed)
     n = packed.shape[0]
     values = unpack_int4(packed).float() - INT4_OFFSET  # -7..7
-    return (values.view(n, -1, GROUP_SIZE) * scales.float()[:, :, None]).view(n, -1).to(dtype)
+    return (values.view(n, -1, GROUP_SIZE) * scales[:, :, None]).view(n, -1).to(dtype)
 
 
 def quantize_weight(weight: torch.Tensor, method: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -164,9 +155,7 @@ def bytes_per_weight(method: str | None, dtype: torch.dtype = torch.bfloat16) ->
     if method is None:
         return torch.empty((), dtype=dtype).element_size()
     check_method(method)
-    if method == "int8":
-        return 1.0  # its per-row scale is ~0 per weight
-    return 0.5 + torch.empty((), dtype=INT4_SCALE_DTYPE).element_size() / GROUP_SIZE
+    return 1.0 if method == "int8" else 0.5 + 4 / GROUP_SIZE  # int8's per-row scale is ~0 per weight
 
 
 # --------------------------------------------------------------------------- the module
@@ -174,8 +163,8 @@ def bytes_per_weight(method: str | None, dtype: torch.dtype = torch.bfloat16) ->
 
 class QuantizedLinear(nn.Module):
     """``nn.Linear`` with a quantized weight: ``qweight`` (int8 ``[N, K]``; int4 in tiles ``[N // 16, K // 128,
-    16, 64]``, or packed rows ``[N, K // 2]`` where N is not a multiple of 16) and ``scales`` (int8's float32, one per row;
-    int4's ``INT4_SCALE_DTYPE``, stored group by group: ``group_major``; ``.to()`` and ``torch.save`` keep that order, ``torch.cat`` or
+    16, 64]``, or packed rows ``[N, K // 2]`` where N is not a multiple of 16) and float32 ``scales`` (int4's
+    stored group by group: ``group_major``; ``.to()`` and ``torch.save`` keep that order, ``torch.cat`` or
     ``.contiguous()`` would give row-by-row scales back, read correctly, only more slowly); the bias, if any, stays
     in the activations' dtype.
 

@@ -37,7 +37,7 @@ from milestones.m08_triton_kernel.device_kernel import device_kernel, runs_inter
 
 from .launch_config import MAX_SPLIT_K, QuantMatmulConfig, swap_ab_rows
 from .quantize import GROUP_SIZE, TILE_ROWS
-from .weight_unpacking import MAGIC, _group_scales, _int4_rows, _int8_to_float, _unpack_int4, scale_pairs
+from .weight_unpacking import MAGIC, _int4_rows, _int8_to_float, _unpack_int4
 
 
 @device_kernel
@@ -48,7 +48,7 @@ def _swap_ab_kernel(
     stride_xm, stride_wn, stride_sn, stride_sg, stride_om, stride_split,
     INT4: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP: tl.constexpr, SPLIT: tl.constexpr, DOT_FP32: tl.constexpr, IEEE: tl.constexpr, TILED: tl.constexpr,
-    NUM_STAGES: tl.constexpr, SCALE_PAIRS: tl.constexpr = False,
+    NUM_STAGES: tl.constexpr,
 ):
     """One program: ``out^T``'s ``[BLOCK_N, BLOCK_M]`` tile over one slice of K (``program_id(1)``); with
     ``SPLIT`` > 1 the tile is written in float32 to the slice's plane (``stride_split`` apart)."""
@@ -73,7 +73,7 @@ def _swap_ab_kernel(
         w_rows, group_stride = _int4_rows(w_ptr, cols, stride_wn, K, TILED, HALF, GROUP)
         for g in tl.range(first, last, num_stages=NUM_STAGES):
             b = tl.load(w_rows + (g * group_stride + j)[None, :], mask=col_ok[:, None], other=0).to(tl.int32)
-            scale = _group_scales(s_ptr, cols, g, stride_sn, stride_sg, col_ok, True, SCALE_PAIRS)[:, None]
+            scale = tl.load(s_ptr + cols * stride_sn + g * stride_sg, mask=col_ok, other=0.0)[:, None]
             lo, hi = _unpack_int4(b, MAGIC)
             x_t = x_ptr + rows[None, :] * stride_xm + (g * GROUP + j)[:, None]  # [HALF, BLOCK_M]: x^T
             x_lo = tl.load(x_t, mask=row_ok[None, :], other=0.0).to(dot_dtype)
@@ -128,7 +128,7 @@ def swap_ab_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
         INT4=int4, BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=block_k, GROUP=GROUP_SIZE, SPLIT=split_k,
         DOT_FP32=x.dtype == torch.float32 or interpreted_bf16, IEEE=x.dtype == torch.float32,
         TILED=qweight.dim() == 4 and qweight.shape[-2] == TILE_ROWS, NUM_STAGES=config.num_stages,
-        SCALE_PAIRS=scale_pairs(scales), num_warps=config.num_warps, num_stages=config.num_stages,
+        num_warps=config.num_warps, num_stages=config.num_stages,
     )
     if split_k == 1:
         return out

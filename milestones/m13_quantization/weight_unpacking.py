@@ -42,7 +42,6 @@ by 5% at the same launch and 22% with wider programs (``docs/int4-gemv-journal.m
 
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 
@@ -167,26 +166,3 @@ def _load_x(ptrs, mask):
     else:
         x = tl.load(ptrs, mask=mask, other=0.0)
     return x.to(tl.float32)
-
-
-def scale_pairs(scales: torch.Tensor) -> bool:
-    """Whether a kernel can read these scales two rows a 32-bit word (``_group_scales``)."""
-    return (scales.dtype == torch.bfloat16 and scales.dim() == 2 and scales.stride(0) == 1
-            and scales.stride(1) % 2 == 0 and scales.data_ptr() % 4 == 0)
-
-
-@triton.jit
-def _group_scales(s_ptr, cols, g, stride_sn, stride_sg, mask, MASKED: tl.constexpr, PAIRS: tl.constexpr):
-    """int4's scales of rows ``cols`` for group ``g``, in float32. ``PAIRS``: bfloat16 scales stored group by group,
-    read as the int32 words that hold two rows' each: Triton pipelines a load through its asynchronous copies only
-    when each thread moves 4 bytes or more, and a 16-bit load left out of the pipeline waits in every step."""
-    if PAIRS:  # stride_sn 1 and stride_sg even: a row's half of its word is its own parity
-        words = s_ptr.to(tl.pointer_type(tl.int32), bitcast=True)
-        if MASKED:
-            pair = tl.load(words + (g * stride_sg + cols) // 2, mask=mask, other=0)
-        else:
-            pair = tl.load(words + (g * stride_sg + cols) // 2)
-        return (((pair >> ((cols & 1) * 16)) & 0xFFFF) << 16).to(tl.float32, bitcast=True)  # bf16 -> float32
-    if MASKED:
-        return tl.load(s_ptr + cols * stride_sn + g * stride_sg, mask=mask, other=0.0).to(tl.float32)
-    return tl.load(s_ptr + cols * stride_sn + g * stride_sg).to(tl.float32)
