@@ -34,6 +34,8 @@ from milestones.m10_cuda_graphs.graph_runner import GraphDecodeAttention
 from .integer_dots import int16_x_words, store_int16_groups
 from .quantize import GROUP_SIZE
 
+COMBINE_WARPS = 4  # warps a (sequence, head) program of the combine
+
 
 @device_kernel
 @triton.jit(do_not_specialize=["num_splits"])
@@ -90,4 +92,4 @@ class IntegerHeadsAttention(GraphDecodeAttention):
         self.words = torch.empty((batch, int16_x_words(heads * dim)), dtype=torch.int32, device=out.device)
         _combine_to_integers_kernel[(batch, heads)](
             partial, lse, out, self.words, num_splits, out.stride(0), out.stride(1), self.words.stride(0),
-            HEAD_DIM=dim, SPLITS_POW2=triton.next_power_of_2(num_splits), GROUP=GROUP_SIZE, num_warps=4)
+            HEAD_DIM=dim, SPLITS_POW2=triton.next_power_of_2(num_splits), GROUP=GROUP_SIZE, num_warps=COMBINE_WARPS)

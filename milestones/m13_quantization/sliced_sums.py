@@ -35,6 +35,8 @@ from milestones.m12_async_scheduling.fused_kernels import qk_norm_rope_head, qk_
 from .gemv_epilogues import row_rstd
 from .kv_at_rope import CacheSlots, store_head_at_slot
 
+ROPE_WARPS = 1  # warps a (token, head) program of q/k norm + RoPE over the slices
+
 
 @dataclass(frozen=True)
 class SlicedSums:
@@ -134,5 +136,5 @@ def sliced_qk_norm_rope(qkv: SlicedSums, num_heads: int, num_kv_heads: int, head
             0 if squares is None else squares.stride(0), *to_cache, SLICES=slices, HEADS=num_heads,
             KV_HEADS=num_kv_heads, DIM=head_dim, HALF=head_dim // 2, ROW_NORM_PARTS=parts,
             ROW_NORM_POW2=triton.next_power_of_2(max(parts, 1)), TO_CACHE=cache is not None, KV_FP8=kv_fp8,
-            ROUND_FIRST=kv_fp8 and runs_interpreted(q.device), num_warps=1)
+            ROUND_FIRST=kv_fp8 and runs_interpreted(q.device), num_warps=ROPE_WARPS)
     return q, k, v
