@@ -42,7 +42,9 @@ from .integer_dots import int16_x_words, store_int16_groups
 from .quantize import GROUP_SIZE
 from .sliced_sums import SlicedSums, add_slices
 
-GROUPS_PER_PROGRAM = 4  # groups of 128 inputs a program: 8 programs a row of 4,096
+# groups of 128 inputs a program: 8 programs a row of 4,096 (16 programs, 2 groups each, were no faster in the batch-1
+# step on the H200: results/h200/m13_step_times+launch-knobs.json)
+GROUPS_PER_PROGRAM = 4
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,9 @@ from milestones.m10_cuda_graphs.graph_runner import GraphDecodeAttention
 from .integer_dots import int16_x_words, store_int16_groups
 from .quantize import GROUP_SIZE
 
-COMBINE_WARPS = 4  # warps a (sequence, head) program of the combine
+# warps a (sequence, head) program of the combine: 2 were no faster in the batch-1 step on the H200 (2.31x bf16's
+# against 2.33x, results/h200/m13_step_times+launch-knobs.json)
+COMBINE_WARPS = 4
 
 
 @device_kernel

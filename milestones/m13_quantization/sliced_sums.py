@@ -35,7 +35,9 @@ from milestones.m12_async_scheduling.fused_kernels import qk_norm_rope_head, qk_
 from .gemv_epilogues import row_rstd
 from .kv_at_rope import CacheSlots, store_head_at_slot
 
-ROPE_WARPS = 1  # warps a (token, head) program of q/k norm + RoPE over the slices
+# warps a (token, head) program of q/k norm + RoPE over the slices: 2 were no faster in the batch-1 step on the H200
+# (2.31x bf16's against 2.33x, results/h200/m13_step_times+launch-knobs.json)
+ROPE_WARPS = 1
 
 
 @dataclass(frozen=True)
