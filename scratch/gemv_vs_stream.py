@@ -6,7 +6,7 @@ their slices of K, gate_up with SiLU * up writing down_proj's integers, the LM h
 replaced by ``gemv_floor_in_step.py``'s kernel that only streams the launch's weight words and scales, and
 gate_up without its epilogue beside them; 5 interleaved rounds, µs a launch.
 
-    python3 scratch/gemv_vs_stream.py OUT_DIR
+    python3 scratch/gemv_vs_stream.py OUT_DIR [SHAPES]     (call 109: all five; call 110: gate_up, with SiLU * up alone)
 """
 
 from __future__ import annotations
@@ -47,12 +47,13 @@ def graph_of(launches) -> torch.cuda.CUDAGraph:
     return graph
 
 
-def main(out_dir: str) -> None:
+def main(out_dir: str, shapes: list[str]) -> None:
     torch.manual_seed(0)
     result = {"name": "int4_gemv_vs_stream", "env": environment("cuda"), "rounds": ROUNDS, "replays": REPLAYS,
               "shapes": {}}
     stream = StreamInstead()
-    for shape, (n, k) in SHAPES.items():
+    for shape in shapes:
+        n, k = SHAPES[shape]
         launches = 8 if shape == "lm_head" else 36
         x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
         words = integer_dots.int16_x(x)
@@ -62,6 +63,9 @@ def main(out_dir: str) -> None:
         variants = {"gemv": [lambda w=w, s=s: step_launch(w, s) for w, s in weights],
                     "stream": [lambda w=w, s=s: stream.launch(x, w, s) for w, s in weights]}
         if shape == "gate_up":
+            variants["gemv, SiLU * up only"] = [
+                lambda w=w, s=s: epilogue_matmuls.quantized_silu_and_mul(x, w, s, "int4", x_words=words)
+                for w, s in weights]
             variants["gemv, no epilogue"] = [
                 lambda w=w, s=s: matmul_kernels.quantized_matmul(x, w, s, "int4", x_words=words) for w, s in weights]
         graphs = {name: graph_of(launch_list) for name, launch_list in variants.items()}
@@ -89,10 +93,11 @@ def main(out_dir: str) -> None:
     total = {name: sum(PER_STEP[s] * r["median_us"][name] for s, r in result["shapes"].items())
              for name in ("gemv", "stream")}
     result["step_matmuls_us"] = total
-    print(f"the step's 145 matmuls: gemv {total['gemv']:.0f} us, stream {total['stream']:.0f} us", flush=True)
-    with open(f"{out_dir}/int4_gemv_vs_stream.json", "w") as f:
+    print(f"the matmuls of a step ({', '.join(shapes)}): gemv {total['gemv']:.0f} us, stream {total['stream']:.0f} us",
+          flush=True)
+    with open(f"{out_dir}/int4_gemv_vs_stream_{len(shapes)}.json", "w") as f:
         json.dump(result, f, indent=1, default=str)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else ".")
+    main(sys.argv[1] if len(sys.argv) > 1 else ".", (sys.argv[2] if len(sys.argv) > 2 else ",".join(SHAPES)).split(","))
