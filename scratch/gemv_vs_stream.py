@@ -6,16 +6,20 @@ their slices of K, gate_up with SiLU * up writing down_proj's integers, the LM h
 replaced by ``gemv_floor_in_step.py``'s kernel that only streams the launch's weight words and scales, and
 gate_up without its epilogue beside them; 5 interleaved rounds, µs a launch.
 
-    python3 scratch/gemv_vs_stream.py OUT_DIR [SHAPES]     (call 109: all five; call 110: gate_up, with SiLU * up alone)
+    python3 scratch/gemv_vs_stream.py OUT_DIR [SHAPES]     (call 109: all five; call 110: gate_up and down, with
+                                                             SiLU * up alone; call 111 also ADJACENT_ROWS=1)
 """
 
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import sys
 
 import torch
+import triton
+import triton.language as tl
 
 from benchmarks.env import environment
 from milestones.m13_quantization import epilogue_matmuls, integer_dots, matmul_kernels
@@ -26,6 +30,19 @@ SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (24576, 4096), "dow
           "lm_head": (151936, 4096)}
 PER_STEP = {"qkv": 36, "o": 36, "gate_up": 36, "down": 36, "lm_head": 1}
 ROUNDS, REPLAYS = 5, 10
+# ADJACENT_ROWS=1 (call 111): gate_up's programs read W's rows 2i and 2i + 1 as each output's gate and up, not rows
+# i and N + i: the same loads and arithmetic in contiguous rows (wrong outputs: a timing question only). Set before
+# anything compiles the GEMV, so that it compiles with these rows.
+ADJACENT = os.environ.get("ADJACENT_ROWS") == "1"
+
+
+@triton.jit
+def adjacent_rows(lanes, N):
+    return lanes, lanes < 2 * N
+
+
+if ADJACENT:
+    matmul_kernels.pair_rows = adjacent_rows
 
 
 def as_the_step(shape, x, words):
@@ -50,7 +67,7 @@ def graph_of(launches) -> torch.cuda.CUDAGraph:
 def main(out_dir: str, shapes: list[str]) -> None:
     torch.manual_seed(0)
     result = {"name": "int4_gemv_vs_stream", "env": environment("cuda"), "rounds": ROUNDS, "replays": REPLAYS,
-              "shapes": {}}
+              "adjacent_rows": ADJACENT, "shapes": {}}
     stream = StreamInstead()
     for shape in shapes:
         n, k = SHAPES[shape]
@@ -95,7 +112,7 @@ def main(out_dir: str, shapes: list[str]) -> None:
     result["step_matmuls_us"] = total
     print(f"the matmuls of a step ({', '.join(shapes)}): gemv {total['gemv']:.0f} us, stream {total['stream']:.0f} us",
           flush=True)
-    with open(f"{out_dir}/int4_gemv_vs_stream_{len(shapes)}.json", "w") as f:
+    with open(f"{out_dir}/int4_gemv_vs_stream_{len(shapes)}{'_adjacent' if ADJACENT else ''}.json", "w") as f:
         json.dump(result, f, indent=1, default=str)
 
 
