@@ -6,9 +6,9 @@ before it. The int4 GEMV already ends in a *finishing program* per block of outp
 finish adds the slices' sums: ``matmul_kernels.py``), which holds those outputs in registers. So the work of the
 kernel after it can be done there, with no launch of its own:
 
-* ``silu_and_mul`` (after ``gate_up_proj``): a program takes W's gate rows ``i`` and up rows ``N/2 + i`` side
-  by side, so each output ``silu(gate_i) * up_i`` is finished in the program that computed both. Nothing is
-  reordered in memory: the program's rows are simply not contiguous (``pair_rows``). The gate and up values are
+* ``silu_and_mul`` (after ``gate_up_proj``): a program takes a run of W's gate rows ``i ..`` and the run of up
+  rows ``N/2 + i ..`` beside it, so each output ``silu(gate_i) * up_i`` is finished in the program that computed
+  both. Nothing is reordered in memory: the program's rows are simply two runs (``pair_rows``). The gate and up values are
   rounded to the activations' dtype first, as the unfused path stores them: in bf16 or fp16 the result is the
   same to the bit (in float32 a compiler may contract a product into a fused multiply-add differently).
   Where down_proj multiplies its x as 16-bit integers (``dp4a``), the outputs are also written as ``int16_x``'s
@@ -43,26 +43,38 @@ from .integer_dots import store_int16_groups
 SILU_AND_MUL = tl.constexpr(1)
 ADD_RMS_NORM = tl.constexpr(2)
 EPILOGUES = ("none", "silu_and_mul", "add_rms_norm")  # the kernel's numbering
+SILU_PAIR_HALVES = True  # pair_rows' two runs of rows (False: lanes 2i and 2i + 1, the A/B of call 112)
 NORM_MAX_N = 4096  # add_rms_norm: values the last program loads at once (more would spill its registers)
 
 
 @triton.jit
-def pair_rows(lanes, N):
-    """``SILU_AND_MUL``: a program's lanes ``2i`` and ``2i + 1`` are W's rows ``i`` (gate) and ``N + i`` (up),
-    for the ``N`` outputs ``silu(gate) * up``; returns (W's rows, the outputs' mask)."""
-    pair = lanes // 2
-    return pair + (lanes % 2) * N, pair < N
+def pair_rows(lanes, N, BLOCK_N: tl.constexpr, HALVES: tl.constexpr = True):
+    """``SILU_AND_MUL``: a program's ``BLOCK_N`` lanes are two runs of W's rows, its first half the gate rows ``i``
+    .. ``i + BLOCK_N / 2 - 1`` and its second half the up rows ``N + i`` .. of the same outputs, for the ``N``
+    outputs ``silu(gate) * up``; returns (W's rows, the outputs' mask). Lanes ``2i`` and ``2i + 1`` as a gate and
+    its up row made gate_up 1.5 µs a launch slower on the H200 (19.14 µs against 17.66 with contiguous rows,
+    results/h200/int4_gemv_vs_stream+adjacent-rows.json)."""
+    if not HALVES:  # lanes 2i and 2i + 1 (the A/B of call 112)
+        pair = lanes // 2
+        return pair + (lanes % 2) * N, pair < N
+    HALF: tl.constexpr = BLOCK_N // 2
+    local = lanes % BLOCK_N
+    pair = (lanes // BLOCK_N) * HALF + local % HALF
+    return pair + (local // HALF) * N, pair < N
 
 
 @triton.jit
 def finish_row(total, r, lanes, ok, N, out_ptr, stride_om, res_ptr, stride_rm, sq_ptr,
-               EPILOGUE: tl.constexpr, BLOCK_N: tl.constexpr):
+               EPILOGUE: tl.constexpr, BLOCK_N: tl.constexpr, HALVES: tl.constexpr = True):
     """Row ``r`` of x's finished float32 sums for this program's ``BLOCK_N`` lanes: stored as the output, or as
     ``silu(gate) * up``, or added into the residual stream with the block's sum of squares written for the
     norm (``norm_when_last``)."""
     dtype = out_ptr.dtype.element_ty
     if EPILOGUE == SILU_AND_MUL:
-        gate, up = tl.split(tl.reshape(total, [BLOCK_N // 2, 2]))
+        if HALVES:
+            gate, up = tl.split(tl.permute(tl.reshape(total, [2, BLOCK_N // 2]), (1, 0)))  # pair_rows' two halves
+        else:
+            gate, up = tl.split(tl.reshape(total, [BLOCK_N // 2, 2]))
         gate = gate.to(dtype).to(tl.float32)  # rounded as the unfused path stores gate_up
         up = up.to(dtype).to(tl.float32)
         pairs = tl.program_id(0) * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
