@@ -43,20 +43,17 @@ from .integer_dots import store_int16_groups
 SILU_AND_MUL = tl.constexpr(1)
 ADD_RMS_NORM = tl.constexpr(2)
 EPILOGUES = ("none", "silu_and_mul", "add_rms_norm")  # the kernel's numbering
-SILU_PAIR_HALVES = True  # pair_rows' two runs of rows (False: lanes 2i and 2i + 1, the A/B of call 112)
 NORM_MAX_N = 4096  # add_rms_norm: values the last program loads at once (more would spill its registers)
 
 
 @triton.jit
-def pair_rows(lanes, N, BLOCK_N: tl.constexpr, HALVES: tl.constexpr = True):
+def pair_rows(lanes, N, BLOCK_N: tl.constexpr):
     """``SILU_AND_MUL``: a program's ``BLOCK_N`` lanes are two runs of W's rows, its first half the gate rows ``i``
     .. ``i + BLOCK_N / 2 - 1`` and its second half the up rows ``N + i`` .. of the same outputs, for the ``N``
     outputs ``silu(gate) * up``; returns (W's rows, the outputs' mask). Lanes ``2i`` and ``2i + 1`` as a gate and
-    its up row made gate_up 1.5 µs a launch slower on the H200 (19.14 µs against 17.66 with contiguous rows,
-    results/h200/int4_gemv_vs_stream+adjacent-rows.json)."""
-    if not HALVES:  # lanes 2i and 2i + 1 (the A/B of call 112)
-        pair = lanes // 2
-        return pair + (lanes % 2) * N, pair < N
+    its up row made gate_up's launch 1.5 µs slower on the H200 than contiguous rows (19.17 µs against 17.66:
+    results/h200/int4_gemv_vs_stream+adjacent-rows.json), and the batch-1 step 2.36x bf16's against 2.40x with
+    these two runs (m13_step_times+silu-halves.json)."""
     HALF: tl.constexpr = BLOCK_N // 2
     local = lanes % BLOCK_N
     pair = (lanes // BLOCK_N) * HALF + local % HALF
@@ -65,16 +62,13 @@ def pair_rows(lanes, N, BLOCK_N: tl.constexpr, HALVES: tl.constexpr = True):
 
 @triton.jit
 def finish_row(total, r, lanes, ok, N, out_ptr, stride_om, res_ptr, stride_rm, sq_ptr,
-               EPILOGUE: tl.constexpr, BLOCK_N: tl.constexpr, HALVES: tl.constexpr = True):
+               EPILOGUE: tl.constexpr, BLOCK_N: tl.constexpr):
     """Row ``r`` of x's finished float32 sums for this program's ``BLOCK_N`` lanes: stored as the output, or as
     ``silu(gate) * up``, or added into the residual stream with the block's sum of squares written for the
     norm (``norm_when_last``)."""
     dtype = out_ptr.dtype.element_ty
     if EPILOGUE == SILU_AND_MUL:
-        if HALVES:
-            gate, up = tl.split(tl.permute(tl.reshape(total, [2, BLOCK_N // 2]), (1, 0)))  # pair_rows' two halves
-        else:
-            gate, up = tl.split(tl.reshape(total, [BLOCK_N // 2, 2]))
+        gate, up = tl.split(tl.permute(tl.reshape(total, [2, BLOCK_N // 2]), (1, 0)))  # pair_rows' two halves
         gate = gate.to(dtype).to(tl.float32)  # rounded as the unfused path stores gate_up
         up = up.to(dtype).to(tl.float32)
         pairs = tl.program_id(0) * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)

@@ -54,7 +54,6 @@ import triton.language as tl
 from milestones.m08_triton_kernel.device_kernel import device_kernel, runs_interpreted
 from milestones.m08_triton_kernel.launch_config import sm_count
 
-from . import gemv_epilogues
 from .dequant_matmul import _dequant_then_cublas
 from .gemv_epilogues import (ADD_RMS_NORM, SILU_AND_MUL, _Epilogue, _norm_constants, epilogue_index, finish_row,
                              norm_when_last, pair_rows, row_rstd, words_when_group_done)
@@ -112,7 +111,6 @@ def _quantized_gemv_kernel(
     NUM_STAGES: tl.constexpr, TILED: tl.constexpr, EPILOGUE: tl.constexpr, NORM_N: tl.constexpr,
     NORM_WHOLE: tl.constexpr, BLOCKS_N: tl.constexpr, X_WORDS: tl.constexpr, PTX: tl.constexpr,
     FINISH: tl.constexpr = True, ROW_NORM_PARTS: tl.constexpr = 0, ROW_NORM_POW2: tl.constexpr = 1,
-    PAIR_HALVES: tl.constexpr = True,
 ):
     """One program: output rows [pid_n * BLOCK_N, +BLOCK_N) for the ``ROWS`` (1-4) rows of x, over its slice of K.
 
@@ -141,7 +139,7 @@ def _quantized_gemv_kernel(
     pid_k = tl.program_id(1)
     lanes = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # this program's sums (the slices' index)
     if EPILOGUE == SILU_AND_MUL:
-        cols, col_ok = pair_rows(lanes, N, BLOCK_N, PAIR_HALVES)  # W's rows behind each lane
+        cols, col_ok = pair_rows(lanes, N, BLOCK_N)  # W's rows behind each lane
     else:
         cols = lanes
         col_ok = cols < N
@@ -277,7 +275,7 @@ def _quantized_gemv_kernel(
                     if ROW_NORM_PARTS > 0:
                         total = total * row_rstd(rsq_ptr + r * stride_rsq, ROW_NORM_PARTS, ROW_NORM_POW2, K, eps)
                     finish_row(total, r, lanes, col_ok, N, out_ptr, stride_om, res_ptr, stride_rm, sq_ptr, EPILOGUE,
-                               BLOCK_N, PAIR_HALVES)
+                               BLOCK_N)
                 tl.atomic_xchg(count_ptr + pid_n, 0, sem="relaxed")  # ready for the next launch (or graph replay)
                 if X_WORDS:
                     words_when_group_done(out_ptr, stride_om, words_ptr, stride_wm, word_counts, N, ROWS, BLOCK_N // 2,
@@ -294,17 +292,13 @@ def _quantized_gemv_kernel(
                 acc2 = acc2 * row_rstd(rsq_ptr + 2 * stride_rsq, ROW_NORM_PARTS, ROW_NORM_POW2, K, eps)
             if ROWS > 3:
                 acc3 = acc3 * row_rstd(rsq_ptr + 3 * stride_rsq, ROW_NORM_PARTS, ROW_NORM_POW2, K, eps)
-        finish_row(acc0, 0, lanes, col_ok, N, out_ptr, stride_om, res_ptr, stride_rm, sq_ptr, EPILOGUE, BLOCK_N,
-                       PAIR_HALVES)
+        finish_row(acc0, 0, lanes, col_ok, N, out_ptr, stride_om, res_ptr, stride_rm, sq_ptr, EPILOGUE, BLOCK_N)
         if ROWS > 1:
-            finish_row(acc1, 1, lanes, col_ok, N, out_ptr, stride_om, res_ptr, stride_rm, sq_ptr, EPILOGUE, BLOCK_N,
-                       PAIR_HALVES)
+            finish_row(acc1, 1, lanes, col_ok, N, out_ptr, stride_om, res_ptr, stride_rm, sq_ptr, EPILOGUE, BLOCK_N)
         if ROWS > 2:
-            finish_row(acc2, 2, lanes, col_ok, N, out_ptr, stride_om, res_ptr, stride_rm, sq_ptr, EPILOGUE, BLOCK_N,
-                       PAIR_HALVES)
+            finish_row(acc2, 2, lanes, col_ok, N, out_ptr, stride_om, res_ptr, stride_rm, sq_ptr, EPILOGUE, BLOCK_N)
         if ROWS > 3:
-            finish_row(acc3, 3, lanes, col_ok, N, out_ptr, stride_om, res_ptr, stride_rm, sq_ptr, EPILOGUE, BLOCK_N,
-                       PAIR_HALVES)
+            finish_row(acc3, 3, lanes, col_ok, N, out_ptr, stride_om, res_ptr, stride_rm, sq_ptr, EPILOGUE, BLOCK_N)
         if X_WORDS:
             words_when_group_done(out_ptr, stride_om, words_ptr, stride_wm, word_counts, N, ROWS, BLOCK_N // 2, GROUP)
         if EPILOGUE == ADD_RMS_NORM:
@@ -551,7 +545,7 @@ def _gemv(x, qweight, scales, m, n, k, int4, config, split_k, epilogue: _Epilogu
         NUM_STAGES=config.num_stages, TILED=qweight.dim() == 4, EPILOGUE=epilogue_index(epilogue.name),
         **_norm_constants(epilogue.name, outputs, blocks, m), X_WORDS=x_words_out,
         PTX=not runs_interpreted(x.device), FINISH=not leave_slices, ROW_NORM_PARTS=norm_parts,
-        ROW_NORM_POW2=triton.next_power_of_2(max(norm_parts, 1)), PAIR_HALVES=gemv_epilogues.SILU_PAIR_HALVES,
+        ROW_NORM_POW2=triton.next_power_of_2(max(norm_parts, 1)),
         num_warps=config.num_warps,
     )
     return partial_sums if leave_slices else out
