@@ -8,8 +8,8 @@ kernel after it can be done there, with no launch of its own:
 
 * ``silu_and_mul`` (after ``gate_up_proj``): a program takes a run of W's gate rows ``i ..`` and the run of up
   rows ``N/2 + i ..`` beside it, so each output ``silu(gate_i) * up_i`` is finished in the program that computed
-  both. Nothing is reordered in memory: the program's rows are simply two runs (``pair_rows``). The gate and up values are
-  rounded to the activations' dtype first, as the unfused path stores them: in bf16 or fp16 the result is the
+  both. Nothing is reordered in memory: the program's rows are simply two runs (``pair_rows``). The gate and up
+  values are rounded to the activations' dtype first, as the unfused path stores them: in bf16 or fp16 the result is the
   same to the bit (in float32 a compiler may contract a product into a fused multiply-add differently).
   Where down_proj multiplies its x as 16-bit integers (``dp4a``), the outputs are also written as ``int16_x``'s
   words: each group of 128 outputs is made by a few programs, which count themselves done on the group's counter,
@@ -51,9 +51,9 @@ def pair_rows(lanes, N, BLOCK_N: tl.constexpr):
     """``SILU_AND_MUL``: a program's ``BLOCK_N`` lanes are two runs of W's rows, its first half the gate rows ``i``
     .. ``i + BLOCK_N / 2 - 1`` and its second half the up rows ``N + i`` .. of the same outputs, for the ``N``
     outputs ``silu(gate) * up``; returns (W's rows, the outputs' mask). Lanes ``2i`` and ``2i + 1`` as a gate and
-    its up row made gate_up's launch 1.5 µs slower on the H200 than contiguous rows (19.17 µs against 17.66:
-    results/h200/int4_gemv_vs_stream+adjacent-rows.json), and the batch-1 step 2.36x bf16's against 2.40x with
-    these two runs (m13_step_times+silu-halves.json)."""
+    its up row made gate_up's launch 1.5 µs slower on the H200 than contiguous rows (19.17 µs against 17.66, one
+    call: results/h200/int4_gemv_vs_stream+pair-lanes.json, +adjacent-rows.json), and the batch-1 step 2.36x bf16's
+    against 2.40x with these two runs (m13_step_times+silu-halves.json)."""
     HALF: tl.constexpr = BLOCK_N // 2
     local = lanes % BLOCK_N
     pair = (lanes // BLOCK_N) * HALF + local % HALF
