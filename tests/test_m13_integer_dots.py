@@ -10,6 +10,8 @@ output as those integers too (``integer_norm.py``), and the decoder that hands t
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -267,12 +269,15 @@ def test_decode_graphs_hand_o_proj_the_combines_integers(monkeypatch):
     assert torch.equal(outputs["combine"][0], outputs["launch"][0])
 
 
+@pytest.mark.parametrize("block_n", [64, 256], ids=["group-in-4-programs", "group-a-program"])
 @pytest.mark.parametrize("rows, split_k", [(1, None), (3, None), (2, 2)], ids=["1-row", "3-rows", "2-rows-2-slices"])
-def test_silu_and_muls_gemv_writes_down_projs_integers(rows, split_k):
-    """gate_up's GEMV with SiLU * up, its outputs also written as ``int16_x``'s words: four programs make each
-    group of 128 outputs, and the last to count itself done converts it. The outputs are the plain epilogue's,
-    the words ``int16_x``'s of them, to the bit, and every counter is back at zero; where a group is not whole
-    programs' outputs, the plain tensor comes back."""
+def test_silu_and_muls_gemv_writes_down_projs_integers(rows, split_k, block_n):
+    """gate_up's GEMV with SiLU * up, its outputs also written as ``int16_x``'s words: where four programs make
+    each group of 128 outputs, the last to count itself done converts it; where one program makes a group, it
+    converts its outputs from registers. The outputs are the plain epilogue's, the words ``int16_x``'s of them,
+    to the bit, and every counter is back at zero; where a group is not whole programs' outputs, the plain tensor
+    comes back."""
+    config = replace(DP4A, block_n=block_n)
     from milestones.m13_quantization.epilogue_matmuls import quantized_silu_and_mul_int16
     from milestones.m13_quantization.gemv_epilogues import _Epilogue
     from milestones.m13_quantization.integer_dots import int16_x_words
@@ -281,13 +286,13 @@ def test_silu_and_muls_gemv_writes_down_projs_integers(rows, split_k):
     packed, scales = quantize_int4(torch.randn(2 * 256, 256, generator=gen) * 0.05)
     packed, scales = tile_int4(packed).to(DEVICE), group_major(scales).to(DEVICE)
     x = torch.randn(rows, 256, generator=gen).to(torch.bfloat16).to(DEVICE)
-    plain = quantized_silu_and_mul(x, packed, scales, "int4", config=DP4A, split_k=split_k)
+    plain = quantized_silu_and_mul(x, packed, scales, "int4", config=config, split_k=split_k)
     words = torch.empty((rows, int16_x_words(256)), dtype=torch.int32, device=DEVICE)
-    out = matmul_kernels._gemv(x, packed, scales, rows, 512, 256, True, DP4A, split_k or 1,
+    out = matmul_kernels._gemv(x, packed, scales, rows, 512, 256, True, config, split_k or 1,
                                _Epilogue("silu_and_mul", words=words))
     assert torch.equal(out, plain) and torch.equal(words, int16_x(plain))
     assert matmul_kernels._COUNTERS[x.device].eq(0).all()
-    both = quantized_silu_and_mul_int16(x, packed, scales, "int4")
+    both = quantized_silu_and_mul_int16(x, packed, scales, "int4", config=config, split_k=split_k)
     assert isinstance(both, IntegerRows) and torch.equal(both.words, int16_x(both.x))
     odd, odd_scales = quantize_int4(torch.randn(2 * 96, 256, generator=gen) * 0.05)
     alone = quantized_silu_and_mul_int16(x, odd.to(DEVICE), group_major(odd_scales).to(DEVICE), "int4")

@@ -52,14 +52,15 @@ def quantized_silu_and_mul(x: torch.Tensor | DeferredRows, qweight: torch.Tensor
 
 
 def quantized_silu_and_mul_int16(x: torch.Tensor | DeferredRows, qweight: torch.Tensor, scales: torch.Tensor,
-                                 method: str, *, x_words: torch.Tensor | None = None) -> torch.Tensor | IntegerRows:
+                                 method: str, *, config: QuantMatmulConfig | None = None, split_k: int | None = None,
+                                 x_words: torch.Tensor | None = None) -> torch.Tensor | IntegerRows:
     """``quantized_silu_and_mul``, with its outputs also as ``int16_x``'s words (for a GEMV on ``dp4a`` after it)
     where the GEMV's programs can write them (each group of 128 outputs whole programs'): then ``IntegerRows``."""
     plain, words_in, epilogue = _deferred(x, x_words, _Epilogue("silu_and_mul"))
-    m, n, k, config, split_k = _plan(plain, qweight, scales, method, None, None)
+    m, n, k, config, split_k = _plan(plain, qweight, scales, method, config, split_k)
     per_block = config.block_n // 2
     if n % 2 or not _folds(m, config) or GROUP_SIZE % per_block or (n // 2) % GROUP_SIZE:
-        return quantized_silu_and_mul(x, qweight, scales, method, x_words=x_words)
+        return quantized_silu_and_mul(x, qweight, scales, method, config=config, split_k=split_k, x_words=x_words)
     words = torch.empty((m, int16_x_words(n // 2)), dtype=torch.int32, device=plain.device)
     out = _gemv(plain, qweight, scales, m, n, k, method == "int4", config, split_k, replace(epilogue, words=words),
                 words_in)

@@ -61,18 +61,24 @@ def pair_rows(lanes, N, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
-def finish_row(total, r, lanes, ok, N, out_ptr, stride_om, res_ptr, stride_rm, sq_ptr,
-               EPILOGUE: tl.constexpr, BLOCK_N: tl.constexpr):
+def finish_row(total, r, lanes, ok, N, out_ptr, stride_om, res_ptr, stride_rm, sq_ptr, words_ptr, stride_wm,
+               EPILOGUE: tl.constexpr, BLOCK_N: tl.constexpr, WORDS_HERE: tl.constexpr):
     """Row ``r`` of x's finished float32 sums for this program's ``BLOCK_N`` lanes: stored as the output, or as
-    ``silu(gate) * up``, or added into the residual stream with the block's sum of squares written for the
-    norm (``norm_when_last``)."""
+    ``silu(gate) * up`` (``WORDS_HERE``: the program's outputs are one whole group of ``int16_x``, written as its
+    words too), or added into the residual stream with the block's sum of squares written for the norm
+    (``norm_when_last``)."""
     dtype = out_ptr.dtype.element_ty
     if EPILOGUE == SILU_AND_MUL:
         gate, up = tl.split(tl.permute(tl.reshape(total, [2, BLOCK_N // 2]), (1, 0)))  # pair_rows' two halves
         gate = gate.to(dtype).to(tl.float32)  # rounded as the unfused path stores gate_up
         up = up.to(dtype).to(tl.float32)
         pairs = tl.program_id(0) * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
-        tl.store(out_ptr + r * stride_om + pairs, (gate / (1.0 + tl.exp(-gate)) * up).to(dtype), mask=pairs < N)
+        act = (gate / (1.0 + tl.exp(-gate)) * up).to(dtype)
+        tl.store(out_ptr + r * stride_om + pairs, act, mask=pairs < N)
+        if WORDS_HERE:  # the integers int16_x makes of the stored outputs, from registers: no count, no read back
+            group = tl.program_id(0) + tl.arange(0, 1)
+            store_int16_groups(tl.reshape(act.to(tl.float32), [1, BLOCK_N // 2]), group, group < N // (BLOCK_N // 2),
+                               words_ptr + r * stride_wm, N, 1, BLOCK_N // 2)
     elif EPILOGUE == ADD_RMS_NORM:
         residual = res_ptr + r * stride_rm + lanes
         summed = total.to(dtype).to(tl.float32) + tl.load(residual, mask=ok, other=0.0).to(tl.float32)

@@ -252,7 +252,10 @@ def _quantized_gemv_kernel(
     if ROWS > 3:
         acc3 = _row_sums(acc3, row_scale, DEFER_SUM, SCALE)
     blocks = tl.num_programs(0)
-    word_counts = count_ptr + blocks + 1  # X_WORDS: a counter per group of outputs, after the norm's
+    # X_WORDS: a program's outputs are a whole group of int16_x (written as words where they are finished), or
+    # part of one (the group's last program to count on its counter, after the norm's, writes them)
+    WORDS_HERE: tl.constexpr = X_WORDS and BLOCK_N // 2 == GROUP
+    word_counts = count_ptr + blocks + 1
     if SPLIT:
         num_slices = tl.num_programs(1)
         part_n = blocks * BLOCK_N
@@ -274,10 +277,10 @@ def _quantized_gemv_kernel(
                     total = _add_slices(part_ptr + r * part_n, lanes, col_ok, num_slices, ROWS * part_n)
                     if ROW_NORM_PARTS > 0:
                         total = total * row_rstd(rsq_ptr + r * stride_rsq, ROW_NORM_PARTS, ROW_NORM_POW2, K, eps)
-                    finish_row(total, r, lanes, col_ok, N, out_ptr, stride_om, res_ptr, stride_rm, sq_ptr, EPILOGUE,
-                               BLOCK_N)
+                    finish_row(total, r, lanes, col_ok, N, out_ptr, stride_om, res_ptr, stride_rm, sq_ptr, words_ptr,
+                               stride_wm, EPILOGUE, BLOCK_N, WORDS_HERE)
                 tl.atomic_xchg(count_ptr + pid_n, 0, sem="relaxed")  # ready for the next launch (or graph replay)
-                if X_WORDS:
+                if X_WORDS and not WORDS_HERE:
                     words_when_group_done(out_ptr, stride_om, words_ptr, stride_wm, word_counts, N, ROWS, BLOCK_N // 2,
                                           GROUP)
                 if EPILOGUE == ADD_RMS_NORM:
@@ -292,14 +295,18 @@ def _quantized_gemv_kernel(
                 acc2 = acc2 * row_rstd(rsq_ptr + 2 * stride_rsq, ROW_NORM_PARTS, ROW_NORM_POW2, K, eps)
             if ROWS > 3:
                 acc3 = acc3 * row_rstd(rsq_ptr + 3 * stride_rsq, ROW_NORM_PARTS, ROW_NORM_POW2, K, eps)
-        finish_row(acc0, 0, lanes, col_ok, N, out_ptr, stride_om, res_ptr, stride_rm, sq_ptr, EPILOGUE, BLOCK_N)
+        finish_row(acc0, 0, lanes, col_ok, N, out_ptr, stride_om, res_ptr, stride_rm, sq_ptr, words_ptr,
+                   stride_wm, EPILOGUE, BLOCK_N, WORDS_HERE)
         if ROWS > 1:
-            finish_row(acc1, 1, lanes, col_ok, N, out_ptr, stride_om, res_ptr, stride_rm, sq_ptr, EPILOGUE, BLOCK_N)
+            finish_row(acc1, 1, lanes, col_ok, N, out_ptr, stride_om, res_ptr, stride_rm, sq_ptr, words_ptr,
+                       stride_wm, EPILOGUE, BLOCK_N, WORDS_HERE)
         if ROWS > 2:
-            finish_row(acc2, 2, lanes, col_ok, N, out_ptr, stride_om, res_ptr, stride_rm, sq_ptr, EPILOGUE, BLOCK_N)
+            finish_row(acc2, 2, lanes, col_ok, N, out_ptr, stride_om, res_ptr, stride_rm, sq_ptr, words_ptr,
+                       stride_wm, EPILOGUE, BLOCK_N, WORDS_HERE)
         if ROWS > 3:
-            finish_row(acc3, 3, lanes, col_ok, N, out_ptr, stride_om, res_ptr, stride_rm, sq_ptr, EPILOGUE, BLOCK_N)
-        if X_WORDS:
+            finish_row(acc3, 3, lanes, col_ok, N, out_ptr, stride_om, res_ptr, stride_rm, sq_ptr, words_ptr,
+                       stride_wm, EPILOGUE, BLOCK_N, WORDS_HERE)
+        if X_WORDS and not WORDS_HERE:
             words_when_group_done(out_ptr, stride_om, words_ptr, stride_wm, word_counts, N, ROWS, BLOCK_N // 2, GROUP)
         if EPILOGUE == ADD_RMS_NORM:
             norm_when_last(out_ptr, stride_om, res_ptr, stride_rm, norm_w_ptr, sq_ptr, count_ptr + blocks, N, eps,
