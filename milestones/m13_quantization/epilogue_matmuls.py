@@ -22,7 +22,7 @@ from .gemv_epilogues import _Epilogue
 from .integer_dots import int16_x_words
 from .deferred_norm import DeferredRows
 from .integer_norm import IntegerRows
-from .launch_config import SLICED_GEMV_PROGRAMS_PER_SM, QuantMatmulConfig
+from .launch_config import SILU_WORDS_GEMV, SLICED_GEMV_PROGRAMS_PER_SM, QuantMatmulConfig
 from .matmul_kernels import GEMV_MAX_ROWS, _gemv, _plan, quantized_matmul
 from .quantize import GROUP_SIZE
 from .sliced_sums import SlicedSums
@@ -55,14 +55,19 @@ def quantized_silu_and_mul_int16(x: torch.Tensor | DeferredRows, qweight: torch.
                                  method: str, *, config: QuantMatmulConfig | None = None, split_k: int | None = None,
                                  x_words: torch.Tensor | None = None) -> torch.Tensor | IntegerRows:
     """``quantized_silu_and_mul``, with its outputs also as ``int16_x``'s words (for a GEMV on ``dp4a`` after it)
-    where the GEMV's programs can write them (each group of 128 outputs whole programs'): then ``IntegerRows``."""
+    where the GEMV's programs can write them (each group of 128 outputs whole programs'): then ``IntegerRows``.
+    Where the table's launch is the GEMV on ``dp4a``, by default each group is one program's
+    (``launch_config.SILU_WORDS_GEMV``, K in one slice)."""
     plain, words_in, epilogue = _deferred(x, x_words, _Epilogue("silu_and_mul"))
-    m, n, k, config, split_k = _plan(plain, qweight, scales, method, config, split_k)
-    per_block = config.block_n // 2
-    if n % 2 or not _folds(m, config) or GROUP_SIZE % per_block or (n // 2) % GROUP_SIZE:
+    launch, slices = config, split_k
+    if config is None and _plan(plain, qweight, scales, method, None, None)[3].unpack == "dp4a":
+        launch, slices = SILU_WORDS_GEMV, 1 if split_k is None else split_k
+    m, n, k, launch, slices = _plan(plain, qweight, scales, method, launch, slices)
+    per_block = launch.block_n // 2
+    if n % 2 or not _folds(m, launch) or GROUP_SIZE % per_block or (n // 2) % GROUP_SIZE:
         return quantized_silu_and_mul(x, qweight, scales, method, config=config, split_k=split_k, x_words=x_words)
     words = torch.empty((m, int16_x_words(n // 2)), dtype=torch.int32, device=plain.device)
-    out = _gemv(plain, qweight, scales, m, n, k, method == "int4", config, split_k, replace(epilogue, words=words),
+    out = _gemv(plain, qweight, scales, m, n, k, method == "int4", launch, slices, replace(epilogue, words=words),
                 words_in)
     return IntegerRows(out, words)
 

@@ -153,6 +153,16 @@ LAUNCH_TABLE: dict[str, dict[str, QuantMatmulConfig]] = {
     },
 }
 
+# gate_up's GEMV where it writes down_proj's x as integers too (SiLU * up, ``epilogue_matmuls``): 256 rows of W a
+# program, so that each group of 128 outputs is one program's, converted from registers, where the table's
+# programs of 64 rows made a group in four, the last of which counted, read the group back and converted it. K in
+# one slice: 96 programs of 4 warps, 4 stages deep. On the H200 gate_up's launch took 16.78 µs against 17.75
+# (3 stages 18.00, 2 warps 23.52, 8 warps 19.06, K in 2 slices 18.54; 5 or 6 stages, 128- or 512-input steps no
+# faster) and the batch-1 step 2.047 ms against 2.070, 2.43x bf16's against 2.40x (results/h200/
+# int4_gate_up_whole_groups.json, int4_launch_grid.json, m13_step_times+whole-groups.json, +launch-grid.json).
+SILU_WORDS_GEMV = QuantMatmulConfig("gemv", block_n=256, block_k=256, num_warps=4, num_stages=4, unpack="dp4a")
+
+
 # The candidates of the two regimes with many rows (large batches, prompt chunks).
 LARGE_CANDIDATES: dict[str, QuantMatmulConfig] = {
     "m64-n128-k128-w4-s3": QuantMatmulConfig("dot", block_m=64, block_n=128, block_k=128, num_warps=4,

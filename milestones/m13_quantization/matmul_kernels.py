@@ -68,6 +68,7 @@ ACTIVATION_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MAX_SPLIT_K = 64  # slices of K a caller may ask for (the heuristic stays at launch_config.MAX_SPLIT_K)
 MAX_DEFERRED_PER_THREAD = 64  # gemv: float32 partial sums a thread may carry across the loop (DEFER_SUM)
 GEMV_MAX_ROWS = 4  # gemv: rows of x per launch (one accumulator each)
+DP4A_WORDS_PER_FLOAT = 4  # gemv on dp4a: words whose int32 sums are added before one conversion to float
 
 
 @triton.jit
@@ -79,6 +80,16 @@ def _fold(acc, products, DEFER_SUM: tl.constexpr):
     else:
         acc = acc + tl.sum(products, axis=1)
     return acc
+
+
+@triton.jit
+def _words_to_float(part, BLOCK_N: tl.constexpr, WIDTH: tl.constexpr, SUMMED: tl.constexpr):
+    """dp4a's ``[BLOCK_N, WIDTH]`` int32 sums of one group as float32, ``SUMMED`` neighbouring words added as
+    integers first (exact: at most ~5e7), so one int-to-float conversion stands for ``8 * SUMMED`` weights. A
+    conversion issues at an eighth of a float multiply-add's rate on the H200 (16 a clock an SM, against 128)."""
+    if SUMMED > 1:  # a thread's own neighbouring words (its 16-byte load): no shuffle
+        part = tl.sum(tl.reshape(part, [BLOCK_N, WIDTH // SUMMED, SUMMED]), axis=2)
+    return part.to(tl.float32)
 
 
 @triton.jit
@@ -111,6 +122,7 @@ def _quantized_gemv_kernel(
     NUM_STAGES: tl.constexpr, TILED: tl.constexpr, EPILOGUE: tl.constexpr, NORM_N: tl.constexpr,
     NORM_WHOLE: tl.constexpr, BLOCKS_N: tl.constexpr, X_WORDS: tl.constexpr, PTX: tl.constexpr,
     FINISH: tl.constexpr = True, ROW_NORM_PARTS: tl.constexpr = 0, ROW_NORM_POW2: tl.constexpr = 1,
+    SUMMED: tl.constexpr = 1,
 ):
     """One program: output rows [pid_n * BLOCK_N, +BLOCK_N) for the ``ROWS`` (1-4) rows of x, over its slice of K.
 
@@ -153,8 +165,8 @@ def _quantized_gemv_kernel(
         w_rows, group_stride = _int4_rows(w_ptr, cols, stride_wn, K, TILED, WIDTH, GROUP)
     else:
         w_rows = w_ptr + cols[:, None] * stride_wn
-    if DEFER_SUM:
-        acc0 = tl.zeros([BLOCK_N, WIDTH], tl.float32)
+    if DEFER_SUM:  # dp4a's products come SUMMED words to a float (_words_to_float)
+        acc0 = tl.zeros([BLOCK_N, WIDTH // SUMMED if WORDS and UNPACK == DP4A else WIDTH], tl.float32)
     else:
         acc0 = tl.zeros([BLOCK_N], tl.float32)
     acc1 = acc0
@@ -180,16 +192,20 @@ def _quantized_gemv_kernel(
                 if WORDS and UNPACK == DP4A:  # x_ptr: int16_x's words (integer_dots.py)
                     group_end = None if EVEN else k_end
                     part, s_x = _int4_group_dp4a(b, x_ptr, K, kg, group_end, WIDTH, PTX)
-                    acc0 = _fold(acc0, part.to(tl.float32) * (scale * s_x)[:, None], DEFER_SUM)
+                    acc0 = _fold(acc0, _words_to_float(part, BLOCK_N, WIDTH, SUMMED) * (scale * s_x)[:, None],
+                                 DEFER_SUM)
                     if ROWS > 1:
                         part, s_x = _int4_group_dp4a(b, x_ptr + stride_xm, K, kg, group_end, WIDTH, PTX)
-                        acc1 = _fold(acc1, part.to(tl.float32) * (scale * s_x)[:, None], DEFER_SUM)
+                        acc1 = _fold(acc1, _words_to_float(part, BLOCK_N, WIDTH, SUMMED) * (scale * s_x)[:, None],
+                                     DEFER_SUM)
                     if ROWS > 2:
                         part, s_x = _int4_group_dp4a(b, x_ptr + 2 * stride_xm, K, kg, group_end, WIDTH, PTX)
-                        acc2 = _fold(acc2, part.to(tl.float32) * (scale * s_x)[:, None], DEFER_SUM)
+                        acc2 = _fold(acc2, _words_to_float(part, BLOCK_N, WIDTH, SUMMED) * (scale * s_x)[:, None],
+                                     DEFER_SUM)
                     if ROWS > 3:
                         part, s_x = _int4_group_dp4a(b, x_ptr + 3 * stride_xm, K, kg, group_end, WIDTH, PTX)
-                        acc3 = _fold(acc3, part.to(tl.float32) * (scale * s_x)[:, None], DEFER_SUM)
+                        acc3 = _fold(acc3, _words_to_float(part, BLOCK_N, WIDTH, SUMMED) * (scale * s_x)[:, None],
+                                     DEFER_SUM)
                 elif WORDS:
                     x_group = x_ptr + kg
                     if not EVEN:  # the whole group is in this slice of K, or none of it
@@ -536,6 +552,8 @@ def _gemv(x, qweight, scales, m, n, k, int4, config, split_k, epilogue: _Epilogu
     if int4 and config.unpack == "dp4a":  # x as 16-bit integers (integer_dots.py), converted here or before
         x_in = int16_x(x) if x_words is None else _checked_words(x_words, m, k, x.device)
     width = GROUP_SIZE // 8 if words else GROUP_SIZE // 2 if int4 else config.block_k  # elements a row load reads
+    if int4 and config.unpack == "dp4a":  # the deferred sums: a float per DP4A_WORDS_PER_FLOAT words
+        width //= DP4A_WORDS_PER_FLOAT
     per_thread = m * config.block_n * width // (32 * config.num_warps)  # the deferred sums' registers
     row_squares = out if epilogue.row_squares is None else epilogue.row_squares
     norm_parts = 0 if epilogue.row_squares is None else row_squares.shape[1]
@@ -552,7 +570,7 @@ def _gemv(x, qweight, scales, m, n, k, int4, config, split_k, epilogue: _Epilogu
         NUM_STAGES=config.num_stages, TILED=qweight.dim() == 4, EPILOGUE=epilogue_index(epilogue.name),
         **_norm_constants(epilogue.name, outputs, blocks, m), X_WORDS=x_words_out,
         PTX=not runs_interpreted(x.device), FINISH=not leave_slices, ROW_NORM_PARTS=norm_parts,
-        ROW_NORM_POW2=triton.next_power_of_2(max(norm_parts, 1)),
+        ROW_NORM_POW2=triton.next_power_of_2(max(norm_parts, 1)), SUMMED=DP4A_WORDS_PER_FLOAT,
         num_warps=config.num_warps,
     )
     return partial_sums if leave_slices else out
