@@ -70,7 +70,8 @@ NORM_EPILOGUE_MAX_ROWS = 1  # the add + norm epilogue's rows of x, at most (meas
 INTEGER_X_MAX_ROWS = 4  # x made 16-bit where it is made (norms, combine, gate_up) up to this many rows (0: never)
 # SiLU * up's GEMV writes down_proj's x as 16-bit integers too, where down_proj multiplies them, up to this many
 # rows: on the H200 the step took 18 µs less at one row and 31 and 81 µs more at two and four, where each
-# group's last program reads its rows back (results/h200/m13_step_times+silu-words.json)
+# group's last program read its rows back (results/h200/m13_step_times+silu-words.json); with a group a program
+# (launch_config.SILU_WORDS_GEMV), 78 and 833 µs more (m13_step_times+words-per-float.json)
 SILU_WORDS_MAX_ROWS = 1
 # A split GEMV's slices of K added by the kernel after it, not by the GEMV's finishing programs (sliced_sums.py),
 # up to this many rows (0: never): o_proj's and down_proj's by the norm that writes the integers, q/k/v's by q/k

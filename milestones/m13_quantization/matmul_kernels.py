@@ -68,7 +68,11 @@ ACTIVATION_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MAX_SPLIT_K = 64  # slices of K a caller may ask for (the heuristic stays at launch_config.MAX_SPLIT_K)
 MAX_DEFERRED_PER_THREAD = 64  # gemv: float32 partial sums a thread may carry across the loop (DEFER_SUM)
 GEMV_MAX_ROWS = 4  # gemv: rows of x per launch (one accumulator each)
-DP4A_WORDS_PER_FLOAT = 4  # gemv on dp4a: words whose int32 sums are added before one conversion to float
+# gemv on dp4a: words whose int32 sums are added before one conversion to float (``_words_to_float``). On the H200
+# the step took as long at one row with 1 word a conversion as with 4 (2.051 and 2.052 ms), 59 µs less with 4 at
+# two rows and 183 at four (2.12x and 1.55x bf16's against 2.07x and 1.47x): results/h200/
+# m13_step_times+words-per-float.json, int4_words_per_float.json
+DP4A_WORDS_PER_FLOAT = 4
 
 
 @triton.jit
