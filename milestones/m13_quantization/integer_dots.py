@@ -13,9 +13,10 @@ bytes to a 32-bit integer. Its operands must be bytes, so x is turned into integ
     sum_j (u_j - 8) q_j = 256 * (dp4a(u_lo, hi) + dp4a(u_hi, hi')) + dp4a(u_lo, lo) + dp4a(u_hi, lo') - 8 sum q
 
 Three bit operations and four ``dp4a`` a word of eight weights, where ``subnormal`` takes eight multiply-adds and
-about nine bit operations; each group's integer sum is converted once per word and scaled by ``s_x[g]`` times W's
-scale. The integers are exact; what changes is x: 16 bits against its group's largest input, finer than bf16's 8
-for every input at least 1/128 of that largest (smaller ones count for less than their rounding would).
+about nine bit operations; each group's integer sums are converted to float once per four words (the GEMV's
+``DP4A_WORDS_PER_FLOAT``) and scaled by ``s_x[g]`` times W's scale. The integers are exact; what changes is x: 16
+bits against its group's largest input, finer than bf16's 8 for every input at least 1/128 of that largest
+(smaller ones count for less than their rounding would).
 
 On the H200 each batch-1 matmul of Qwen3-8B took 11-17% less time with x already in integers; the conversion,
 a launch of 1.4 µs, takes most of that back at one row (the step 1.95x bf16 against 1.90x), not at two (1.68x

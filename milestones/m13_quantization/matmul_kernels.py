@@ -137,7 +137,8 @@ def _quantized_gemv_kernel(
     ``NUM_STAGES``: Triton pipelines loads that feed no ``tl.dot`` only when asked, so the next tiles' bytes are
     in flight while one is unpacked. ``EVEN``: N and every K slice are whole tiles, so the loads need no mask.
     ``DEFER_SUM``: products accumulate elementwise and are summed across K once at the end, instead of a
-    cross-thread reduction in every step.
+    cross-thread reduction in every step. ``SUMMED`` (``dp4a``): the int32 sums of that many neighbouring words are
+    added before one conversion to float (``_words_to_float``).
 
     ``SPLIT`` (K in slices, ``program_id(1)``): each program writes its float32 sums to its slice of ``part_ptr``
     (``[slices, ROWS, N]``) and counts itself done on its row block's counter (``count_ptr``, zero between
