@@ -27,9 +27,9 @@ Where the matmul after a norm multiplies x as 16-bit integers (int4's GEMV on ``
 stays a kernel of its own and writes that x too (``integer_norm.py``), so the GEMV needs no conversion launch
 before it: q/k/v and gate_up read ``IntegerRows`` through m12's seams ``project_qkv`` and ``gate_up_silu``. In a
 decode graph o_proj's x comes the same way from the attention's combine (``integer_heads.py``, through m12's
-``attend``), and down_proj's from gate_up's GEMV, whose programs count each group of outputs done and the last
-converts it, at one row (``SILU_WORDS_MAX_ROWS``); the head's x and layer 0's q/k/v's are still converted by a
-launch.
+``attend``), and down_proj's from gate_up's GEMV, each of whose programs makes a whole group of outputs and
+converts it from registers, at one row (``SILU_WORDS_MAX_ROWS``); the head's x and layer 0's q/k/v's are still
+converted by a launch.
 
 On ``dp4a`` (1-4 rows) two more things move out of the GEMVs and the norms:
 
