@@ -90,7 +90,8 @@ def _fold(acc, products, DEFER_SUM: tl.constexpr):
 def _words_to_float(part, BLOCK_N: tl.constexpr, WIDTH: tl.constexpr, SUMMED: tl.constexpr):
     """dp4a's ``[BLOCK_N, WIDTH]`` int32 sums of one group as float32, ``SUMMED`` neighbouring words added as
     integers first (exact: at most ~5e7), so one int-to-float conversion stands for ``8 * SUMMED`` weights. A
-    conversion issues at an eighth of a float multiply-add's rate on the H200 (16 a clock an SM, against 128)."""
+    conversion runs at an eighth of a float multiply-add's rate on compute capability 9.0 (16 a clock an SM against
+    128, the CUDA guide's throughput table)."""
     if SUMMED > 1:  # a thread's own neighbouring words (its 16-byte load): no shuffle
         part = tl.sum(tl.reshape(part, [BLOCK_N, WIDTH // SUMMED, SUMMED]), axis=2)
     return part.to(tl.float32)
