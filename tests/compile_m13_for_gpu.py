@@ -27,7 +27,6 @@ import re  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
-from dataclasses import replace  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
@@ -100,7 +99,6 @@ def readers_jobs(x, w, s, m, hidden, dtype, config):
     q/k norm + RoPE reading the deferred norm's rows (``sliced_sums.py``, ``deferred_norm.py``), also writing K/V
     into a cache (``kv_at_rope.py``)."""
     from milestones.m13_quantization import deferred_norm, epilogue_matmuls, integer_norm, kv_at_rope, sliced_sums
-    from milestones.m13_quantization.quantize import GROUP_SIZE
 
     def zeros():
         return torch.zeros(m, hidden, dtype=dtype)
@@ -109,8 +107,7 @@ def readers_jobs(x, w, s, m, hidden, dtype, config):
     integer_norm.add_rms_norm_int16(sums, zeros(), torch.ones(hidden, dtype=dtype), 1e-6)
     rows = deferred_norm.deferred_add_rms_norm(sums, zeros(), torch.ones(hidden, dtype=dtype), 1e-6)
     epilogue_matmuls.quantized_silu_and_mul(rows, w, s, "int4", config=config)
-    for words_config in (config, replace(config, block_n=2 * GROUP_SIZE)):  # a group in 4 programs, in one
-        epilogue_matmuls.quantized_silu_and_mul_int16(rows, w, s, "int4", config=words_config)
+    epilogue_matmuls.quantized_silu_and_mul_int16(rows, w, s, "int4")  # a group a program (SILU_WORDS_GEMV)
     heads, kv_heads, dim = 24, 4, 128  # q/k/v: 4,096 outputs
     table = torch.zeros(64, dim, dtype=dtype)
     qkv = epilogue_matmuls.deferred_matmul_slices(rows, w, s, "int4", config=config)

@@ -10,8 +10,6 @@ output as those integers too (``integer_norm.py``), and the decoder that hands t
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 import torch
 
@@ -269,31 +267,34 @@ def test_decode_graphs_hand_o_proj_the_combines_integers(monkeypatch):
     assert torch.equal(outputs["combine"][0], outputs["launch"][0])
 
 
-@pytest.mark.parametrize("block_n", [64, 256], ids=["group-in-4-programs", "group-a-program"])
 @pytest.mark.parametrize("rows, split_k", [(1, None), (3, None), (2, 2)], ids=["1-row", "3-rows", "2-rows-2-slices"])
-def test_silu_and_muls_gemv_writes_down_projs_integers(rows, split_k, block_n):
-    """gate_up's GEMV with SiLU * up, its outputs also written as ``int16_x``'s words: where four programs make
-    each group of 128 outputs, the last to count itself done converts it; where one program makes a group, it
-    converts its outputs from registers. The outputs are the plain epilogue's, the words ``int16_x``'s of them,
-    to the bit, and every counter is back at zero; where a group is not whole programs' outputs, the plain tensor
-    comes back."""
-    config = replace(DP4A, block_n=block_n)
+def test_silu_and_muls_gemv_writes_down_projs_integers(rows, split_k):
+    """gate_up's GEMV with SiLU * up, its outputs also written as ``int16_x``'s words: each program makes one
+    group of 128 outputs (256 rows of W) and converts it from registers. The outputs are the plain epilogue's, the
+    words ``int16_x``'s of them, to the bit, and every counter is back at zero. A launch whose programs make part
+    of a group is refused in one line; where the outputs are not whole groups, or the caller's launch does not
+    make whole groups, the plain tensor comes back."""
     from milestones.m13_quantization.epilogue_matmuls import quantized_silu_and_mul_int16
     from milestones.m13_quantization.gemv_epilogues import _Epilogue
     from milestones.m13_quantization.integer_dots import int16_x_words
+    from milestones.m13_quantization.launch_config import SILU_WORDS_GEMV
 
     gen = torch.Generator().manual_seed(rows)
     packed, scales = quantize_int4(torch.randn(2 * 256, 256, generator=gen) * 0.05)
     packed, scales = tile_int4(packed).to(DEVICE), group_major(scales).to(DEVICE)
     x = torch.randn(rows, 256, generator=gen).to(torch.bfloat16).to(DEVICE)
-    plain = quantized_silu_and_mul(x, packed, scales, "int4", config=config, split_k=split_k)
+    plain = quantized_silu_and_mul(x, packed, scales, "int4", config=SILU_WORDS_GEMV, split_k=split_k or 1)
     words = torch.empty((rows, int16_x_words(256)), dtype=torch.int32, device=DEVICE)
-    out = matmul_kernels._gemv(x, packed, scales, rows, 512, 256, True, config, split_k or 1,
+    out = matmul_kernels._gemv(x, packed, scales, rows, 512, 256, True, SILU_WORDS_GEMV, split_k or 1,
                                _Epilogue("silu_and_mul", words=words))
     assert torch.equal(out, plain) and torch.equal(words, int16_x(plain))
-    assert matmul_kernels._COUNTERS[x.device].eq(0).all()
-    both = quantized_silu_and_mul_int16(x, packed, scales, "int4", config=config, split_k=split_k)
-    assert isinstance(both, IntegerRows) and torch.equal(both.words, int16_x(both.x))
+    assert matmul_kernels._COUNTERS.get(x.device) is None or matmul_kernels._COUNTERS[x.device].eq(0).all()
+    both = quantized_silu_and_mul_int16(x, packed, scales, "int4", split_k=split_k)  # SILU_WORDS_GEMV by default
+    assert isinstance(both, IntegerRows) and torch.equal(both.x, plain) and torch.equal(both.words, words)
+    with pytest.raises(ValueError, match="one group of 128 outputs"):
+        matmul_kernels._gemv(x, packed, scales, rows, 512, 256, True, DP4A, 1, _Epilogue("silu_and_mul", words=words))
+    partial = quantized_silu_and_mul_int16(x, packed, scales, "int4", config=DP4A)  # 32 outputs a program
+    assert isinstance(partial, torch.Tensor) and partial.shape == (rows, 256)
     odd, odd_scales = quantize_int4(torch.randn(2 * 96, 256, generator=gen) * 0.05)
     alone = quantized_silu_and_mul_int16(x, odd.to(DEVICE), group_major(odd_scales).to(DEVICE), "int4")
     assert isinstance(alone, torch.Tensor) and alone.shape == (rows, 96)

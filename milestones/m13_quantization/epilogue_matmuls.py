@@ -55,16 +55,16 @@ def quantized_silu_and_mul_int16(x: torch.Tensor | DeferredRows, qweight: torch.
                                  method: str, *, config: QuantMatmulConfig | None = None, split_k: int | None = None,
                                  x_words: torch.Tensor | None = None) -> torch.Tensor | IntegerRows:
     """``quantized_silu_and_mul``, with its outputs also as ``int16_x``'s words (for a GEMV on ``dp4a`` after it)
-    where the GEMV's programs can write them (each group of 128 outputs whole programs'): then ``IntegerRows``.
-    Where the table's launch is the GEMV on ``dp4a``, by default each group is one program's
-    (``launch_config.SILU_WORDS_GEMV``, K in one slice)."""
+    where the GEMV's programs can write them, each making one group of 128 outputs (by default, where the table's
+    launch is the GEMV on ``dp4a``: ``launch_config.SILU_WORDS_GEMV``, K in one slice): then ``IntegerRows``.
+    Anywhere else, ``quantized_silu_and_mul``'s tensor."""
     plain, words_in, epilogue = _deferred(x, x_words, _Epilogue("silu_and_mul"))
     launch, slices = config, split_k
     if config is None and _plan(plain, qweight, scales, method, None, None)[3].unpack == "dp4a":
         launch, slices = SILU_WORDS_GEMV, 1 if split_k is None else split_k
     m, n, k, launch, slices = _plan(plain, qweight, scales, method, launch, slices)
     per_block = launch.block_n // 2
-    if n % 2 or not _folds(m, launch) or GROUP_SIZE % per_block or (n // 2) % GROUP_SIZE:
+    if n % 2 or not _folds(m, launch) or per_block != GROUP_SIZE or (n // 2) % GROUP_SIZE:
         return quantized_silu_and_mul(x, qweight, scales, method, config=config, split_k=split_k, x_words=x_words)
     words = torch.empty((m, int16_x_words(n // 2)), dtype=torch.int32, device=plain.device)
     out = _gemv(plain, qweight, scales, m, n, k, method == "int4", launch, slices, replace(epilogue, words=words),

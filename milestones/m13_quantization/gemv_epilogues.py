@@ -12,10 +12,10 @@ kernel after it can be done there, with no launch of its own:
   values are rounded to the activations' dtype first, as the unfused path stores them: in bf16 or fp16 the result is the
   same to the bit (in float32 a compiler may contract a product into a fused multiply-add differently).
   Where down_proj multiplies its x as 16-bit integers (``dp4a``), the outputs are also written as ``int16_x``'s
-  words. A program of 256 rows of W makes a whole group of 128 outputs and converts it from registers
-  (``WORDS_HERE``: ``launch_config.SILU_WORDS_GEMV``); where a group is made by a few programs, they count
-  themselves done on the group's counter, and the last of them reads the group back and converts it
-  (``words_when_group_done``: a chain at the kernel's end, 1.0 µs a launch more on the H200).
+  words. Each program takes 256 rows of W, so it makes one whole group of 128 outputs and converts it from
+  registers (``launch_config.SILU_WORDS_GEMV``). Programs of 64 rows, four a group, needed the last of them to
+  count itself done, read the group back and convert it: a chain at the kernel's end, 1.0 µs a launch more on the
+  H200 (``docs/int4-gemv-journal.md``, "A twenty-first guess"; that path is at commit ``15913f7``).
 * ``add_rms_norm`` (after ``o_proj`` and ``down_proj``): the norm needs every output, so it is finished in two
   parts. Each finishing program adds its block into the residual stream (in place, rounded as the unfused
   addition is) and writes its block's sum of squares; then it counts itself done, and the last to count (an
@@ -64,9 +64,9 @@ def pair_rows(lanes, N, BLOCK_N: tl.constexpr):
 
 @triton.jit
 def finish_row(total, r, lanes, ok, N, out_ptr, stride_om, res_ptr, stride_rm, sq_ptr, words_ptr, stride_wm,
-               EPILOGUE: tl.constexpr, BLOCK_N: tl.constexpr, WORDS_HERE: tl.constexpr):
+               EPILOGUE: tl.constexpr, BLOCK_N: tl.constexpr, X_WORDS: tl.constexpr):
     """Row ``r`` of x's finished float32 sums for this program's ``BLOCK_N`` lanes: stored as the output, or as
-    ``silu(gate) * up`` (``WORDS_HERE``: the program's outputs are one whole group of ``int16_x``, written as its
+    ``silu(gate) * up`` (``X_WORDS``: the program's outputs are one whole group of ``int16_x``, written as its
     words too), or added into the residual stream with the block's sum of squares written for the norm
     (``norm_when_last``)."""
     dtype = out_ptr.dtype.element_ty
@@ -77,7 +77,7 @@ def finish_row(total, r, lanes, ok, N, out_ptr, stride_om, res_ptr, stride_rm, s
         pairs = tl.program_id(0) * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
         act = (gate / (1.0 + tl.exp(-gate)) * up).to(dtype)
         tl.store(out_ptr + r * stride_om + pairs, act, mask=pairs < N)
-        if WORDS_HERE:  # the integers int16_x makes of the stored outputs, from registers: no count, no read back
+        if X_WORDS:  # the integers int16_x makes of the stored outputs, from registers: no count, no read back
             group = tl.program_id(0) + tl.arange(0, 1)
             store_int16_groups(tl.reshape(act.to(tl.float32), [1, BLOCK_N // 2]), group, group < N // (BLOCK_N // 2),
                                words_ptr + r * stride_wm, N, 1, BLOCK_N // 2)
@@ -90,27 +90,6 @@ def finish_row(total, r, lanes, ok, N, out_ptr, stride_om, res_ptr, stride_rm, s
         tl.store(sq_ptr + r * tl.num_programs(0) + tl.program_id(0), tl.sum(s * s, axis=0))
     else:
         tl.store(out_ptr + r * stride_om + lanes, total.to(dtype), mask=ok)
-
-
-@triton.jit
-def words_when_group_done(out_ptr, stride_om, words_ptr, stride_wm, count_ptr, N, ROWS: tl.constexpr,
-                          PER_BLOCK: tl.constexpr, GROUP: tl.constexpr):
-    """``SILU_AND_MUL`` writing words, after a finishing program has stored its ``PER_BLOCK`` outputs of every
-    row: it counts itself done on its group's counter (``count_ptr``, zero between launches), and the last of the
-    group's ``GROUP // PER_BLOCK`` programs reads the group's outputs back and writes them as ``int16_x``'s words
-    (the same integers ``int16_x`` writes from them), then sets the counter back to zero."""
-    PROGRAMS: tl.constexpr = GROUP // PER_BLOCK
-    group = tl.program_id(0) // PROGRAMS
-    tl.debug_barrier()  # every thread's outputs are written before the count (release)
-    done_before = tl.atomic_add(count_ptr + group, 1, sem="acq_rel")
-    if done_before == PROGRAMS - 1:
-        groups = group + tl.arange(0, 1)
-        cols = group * GROUP + tl.arange(0, GROUP)
-        for r in tl.static_range(ROWS):
-            x = tl.load(out_ptr + r * stride_om + cols, cache_modifier=".cg").to(tl.float32)
-            store_int16_groups(tl.reshape(x, [1, GROUP]), groups, groups < N // GROUP, words_ptr + r * stride_wm,
-                               N, 1, GROUP)
-        tl.atomic_xchg(count_ptr + group, 0, sem="relaxed")  # ready for the next launch (or graph replay)
 
 
 @triton.jit

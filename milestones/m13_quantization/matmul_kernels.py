@@ -56,7 +56,7 @@ from milestones.m08_triton_kernel.launch_config import sm_count
 
 from .dequant_matmul import _dequant_then_cublas
 from .gemv_epilogues import (ADD_RMS_NORM, SILU_AND_MUL, _Epilogue, _norm_constants, epilogue_index, finish_row,
-                             norm_when_last, pair_rows, row_rstd, words_when_group_done)
+                             norm_when_last, pair_rows, row_rstd)
 from .launch_config import UNPACK_MODES, QuantMatmulConfig, choose_launch, choose_split_k, fits_method
 from .quantize import GROUP_SIZE, QUANTIZATION_METHODS, TILE_ROWS
 from .swap_ab_matmul import swap_ab_matmul
@@ -152,7 +152,8 @@ def _quantized_gemv_kernel(
     ``EPILOGUE`` (``gemv_epilogues.py``): what the finishing program does with a block's sums, the output stored
     as it is, as ``silu(gate) * up`` (then W's rows are gate/up pairs and N counts the pairs), or added into the
     residual stream ``res_ptr`` and normalised with ``norm_w_ptr`` once every block is in (``sq_ptr``: the
-    blocks' sums of squares; the count after the row blocks' own in ``count_ptr``)."""
+    blocks' sums of squares; the count after the row blocks' own in ``count_ptr``). ``X_WORDS``: SiLU * up's
+    outputs, one whole group of ``int16_x`` a program, are also written as its words at ``words_ptr``."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     lanes = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # this program's sums (the slices' index)
@@ -274,10 +275,6 @@ def _quantized_gemv_kernel(
     if ROWS > 3:
         acc3 = _row_sums(acc3, row_scale, DEFER_SUM, SCALE)
     blocks = tl.num_programs(0)
-    # X_WORDS: a program's outputs are a whole group of int16_x (written as words where they are finished), or
-    # part of one (the group's last program to count on its counter, after the norm's, writes them)
-    WORDS_HERE: tl.constexpr = X_WORDS and BLOCK_N // 2 == GROUP
-    word_counts = count_ptr + blocks + 1
     if SPLIT:
         num_slices = tl.num_programs(1)
         part_n = blocks * BLOCK_N
@@ -300,11 +297,8 @@ def _quantized_gemv_kernel(
                     if ROW_NORM_PARTS > 0:
                         total = total * row_rstd(rsq_ptr + r * stride_rsq, ROW_NORM_PARTS, ROW_NORM_POW2, K, eps)
                     finish_row(total, r, lanes, col_ok, N, out_ptr, stride_om, res_ptr, stride_rm, sq_ptr, words_ptr,
-                               stride_wm, EPILOGUE, BLOCK_N, WORDS_HERE)
+                               stride_wm, EPILOGUE, BLOCK_N, X_WORDS)
                 tl.atomic_xchg(count_ptr + pid_n, 0, sem="relaxed")  # ready for the next launch (or graph replay)
-                if X_WORDS and not WORDS_HERE:
-                    words_when_group_done(out_ptr, stride_om, words_ptr, stride_wm, word_counts, N, ROWS, BLOCK_N // 2,
-                                          GROUP)
                 if EPILOGUE == ADD_RMS_NORM:
                     norm_when_last(out_ptr, stride_om, res_ptr, stride_rm, norm_w_ptr, sq_ptr, count_ptr + blocks, N,
                                    eps, ROWS, NORM_N, NORM_WHOLE, BLOCKS_N)
@@ -318,18 +312,16 @@ def _quantized_gemv_kernel(
             if ROWS > 3:
                 acc3 = acc3 * row_rstd(rsq_ptr + 3 * stride_rsq, ROW_NORM_PARTS, ROW_NORM_POW2, K, eps)
         finish_row(acc0, 0, lanes, col_ok, N, out_ptr, stride_om, res_ptr, stride_rm, sq_ptr, words_ptr,
-                   stride_wm, EPILOGUE, BLOCK_N, WORDS_HERE)
+                   stride_wm, EPILOGUE, BLOCK_N, X_WORDS)
         if ROWS > 1:
             finish_row(acc1, 1, lanes, col_ok, N, out_ptr, stride_om, res_ptr, stride_rm, sq_ptr, words_ptr,
-                       stride_wm, EPILOGUE, BLOCK_N, WORDS_HERE)
+                       stride_wm, EPILOGUE, BLOCK_N, X_WORDS)
         if ROWS > 2:
             finish_row(acc2, 2, lanes, col_ok, N, out_ptr, stride_om, res_ptr, stride_rm, sq_ptr, words_ptr,
-                       stride_wm, EPILOGUE, BLOCK_N, WORDS_HERE)
+                       stride_wm, EPILOGUE, BLOCK_N, X_WORDS)
         if ROWS > 3:
             finish_row(acc3, 3, lanes, col_ok, N, out_ptr, stride_om, res_ptr, stride_rm, sq_ptr, words_ptr,
-                       stride_wm, EPILOGUE, BLOCK_N, WORDS_HERE)
-        if X_WORDS and not WORDS_HERE:
-            words_when_group_done(out_ptr, stride_om, words_ptr, stride_wm, word_counts, N, ROWS, BLOCK_N // 2, GROUP)
+                       stride_wm, EPILOGUE, BLOCK_N, X_WORDS)
         if EPILOGUE == ADD_RMS_NORM:
             norm_when_last(out_ptr, stride_om, res_ptr, stride_rm, norm_w_ptr, sq_ptr, count_ptr + blocks, N, eps,
                            ROWS, NORM_N, NORM_WHOLE, BLOCKS_N)
@@ -536,12 +528,12 @@ def _gemv(x, qweight, scales, m, n, k, int4, config, split_k, epilogue: _Epilogu
     x_words_out = silu and epilogue.words is not None  # SiLU * up's outputs as 16-bit integers too
     if x_words_out:
         words_out = _checked_words(epilogue.words, m, outputs, x.device)
-        if GROUP_SIZE % per_block or outputs % GROUP_SIZE:
-            raise ValueError(f"silu_and_mul writes words only where each group of {GROUP_SIZE} outputs is whole "
-                             f"programs' ({per_block} outputs a program, {outputs} outputs)")
-    # a counter per row block where a finishing program adds the slices; after them the norm's, the groups'
-    if (split_k > 1 and not leave_slices) or epilogue.name == "add_rms_norm" or x_words_out:
-        counters = _split_counters(x.device, blocks + 1 + (outputs // GROUP_SIZE if x_words_out else 0))
+        if per_block != GROUP_SIZE or outputs % GROUP_SIZE:
+            raise ValueError(f"silu_and_mul writes words only where each program makes one group of {GROUP_SIZE} "
+                             f"outputs ({per_block} outputs a program, {outputs} outputs)")
+    # a counter per row block where a finishing program adds the slices; after them the norm's
+    if (split_k > 1 and not leave_slices) or epilogue.name == "add_rms_norm":
+        counters = _split_counters(x.device, blocks + 1)
     residual = norm_weight = out
     if epilogue.name == "add_rms_norm":
         residual, norm_weight = epilogue.residual, epilogue.norm_weight
