@@ -97,8 +97,12 @@ def matmul_jobs(candidates: bool, quick: bool = False):
 def readers_jobs(x, w, s, m, hidden, dtype, config):
     """int4 on dp4a: a GEMV leaving its slices, the norms that add them (exact and deferred), gate_up's GEMV and
     q/k norm + RoPE reading the deferred norm's rows (``sliced_sums.py``, ``deferred_norm.py``), also writing K/V
-    into a cache (``kv_at_rope.py``)."""
-    from milestones.m13_quantization import deferred_norm, epilogue_matmuls, integer_norm, kv_at_rope, sliced_sums
+    into a cache (``kv_at_rope.py``), or inside the decode kernel (``rope_in_decode.py``)."""
+    from milestones.m05_paged_blocks.paged_attention import PagedKVCache
+    from milestones.m10_cuda_graphs.graph_runner import GraphDecodeAttention
+    from milestones.m13_quantization import (deferred_norm, epilogue_matmuls, integer_norm, kv_at_rope,
+                                             rope_in_decode, sliced_sums)
+    from milestones.m13_quantization.fp8_kv_cache import FP8PagedKVCache
 
     def zeros():
         return torch.zeros(m, hidden, dtype=dtype)
@@ -119,6 +123,12 @@ def readers_jobs(x, w, s, m, hidden, dtype, config):
         scales = {"k_scale": torch.ones(1), "v_scale": torch.ones(1)} if cache_dtype != dtype else {}
         sliced_sums.sliced_qk_norm_rope(qkv, *rope_args, cache=kv_at_rope.CacheSlots(
             cache, cache.clone(), torch.arange(m), **scales))
+    for cache_class in (PagedKVCache, FP8PagedKVCache):  # and in the decode kernel's programs, direct and split
+        for bound in (64, 4096):
+            graph = GraphDecodeAttention(cache_class(1, 8, 16, kv_heads, dim, dtype, x.device), torch.arange(m),
+                                         torch.zeros((m, 8), dtype=torch.int32), torch.ones(m, dtype=torch.int32),
+                                         bound)
+            rope_in_decode.rope_decode_attention(graph, 0, qkv, *rope_args)
 
 
 def fp8_jobs(quick: bool = False):
@@ -189,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from milestones.m08_triton_kernel import paged_decode_kernel, store_kv_kernel
     from milestones.m13_quantization import (deferred_norm, dequant_matmul, integer_dots, integer_norm,
-                                             matmul_kernels, sliced_sums, swap_ab_matmul)
+                                             matmul_kernels, rope_in_decode, sliced_sums, swap_ab_matmul)
 
     driver.set_active(TargetOnlyDriver(GPUTarget("cuda", args.arch, 32)))
     compiled: list = []
@@ -197,6 +207,7 @@ def main(argv: list[str] | None = None) -> int:
                           (integer_dots, ("_int16_x_kernel",)),
                           (integer_norm, ("_add_rms_norm_int16_kernel", "_slices_add_rms_norm_int16_kernel")),
                           (deferred_norm, ("_deferred_norm_kernel",)), (sliced_sums, ("_sliced_qk_norm_rope_kernel",)),
+                          (rope_in_decode, ("_rope_decode_kernel",)),
                           (dequant_matmul, ("_dequantize_kernel",)), (swap_ab_matmul, ("_swap_ab_kernel",)),
                           (paged_decode_kernel, ("_paged_decode_kernel", "_combine_splits_kernel")),
                           (store_kv_kernel, ("_store_kv_kernel",))):
@@ -209,6 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     paged_decode_kernel.runs_interpreted = lambda device: False
     store_kv_kernel.runs_interpreted = lambda device: False
     sliced_sums.runs_interpreted = lambda device: False  # RoPE's FP8 K/V: the compiled conversion's rounding
+    rope_in_decode.runs_interpreted = lambda device: False
 
     jobs = matmul_jobs(args.candidates, args.quick) + fp8_jobs(args.quick)
     if args.only:

@@ -131,3 +131,59 @@ def test_the_decode_graphs_decoder_launches_no_store(fp8, monkeypatch):
                    for a, b in zip(results["rope"][:3], results[run][:3]))
     k_after, k_before = (t.view(torch.uint8) for t in (results["rope"][1], results["rope"][4]))
     assert not torch.equal(k_after[:, 40], k_before[:, 40])  # slot 40 was written
+
+
+def _decode_case(fp8: bool, max_context_len: int):
+    """A graph's attention over one layer of a paged cache (bf16, or FP8 with scales) for three rows: a sequence of
+    200 keys, one whose only key is the new one (its output is that token's V, so a key read before it was stored
+    shows), and a padding row (no keys, slot -1); the new keys' slots are where the block tables put key ``n - 1``."""
+    from milestones.m05_paged_blocks.paged_attention import PagedKVCache
+    from milestones.m10_cuda_graphs.graph_runner import GraphDecodeAttention
+    from milestones.m13_quantization.fp8_kv_cache import FP8PagedKVCache
+
+    cache = (FP8PagedKVCache if fp8 else PagedKVCache)(1, 16, 16, KV_HEADS, DIM, torch.bfloat16, DEVICE)
+    if fp8:
+        cache.k_scale.fill_(0.02)
+        cache.v_scale.fill_(0.01)
+    gen = torch.Generator().manual_seed(7)
+    for filled in (cache.k, cache.v):
+        filled.copy_(torch.randn(filled.shape, generator=gen).to(filled.dtype))
+    tables = torch.zeros((3, 16), dtype=torch.int32)
+    tables[0, :13] = torch.randperm(16, generator=gen)[:13].to(torch.int32)
+    tables[1, 0] = int(torch.arange(16)[~torch.isin(torch.arange(16), tables[0, :13].long())][0])
+    lengths = torch.tensor([200, 1, 0], dtype=torch.int32)
+    slots = torch.tensor([int(tables[0, 199 // 16]) * 16 + 199 % 16, int(tables[1, 0]) * 16, -1])
+    return GraphDecodeAttention(cache, slots.to(DEVICE), tables.to(DEVICE), lengths.to(DEVICE), max_context_len)
+
+
+@pytest.mark.parametrize("max_context_len", [64, 4096], ids=["direct", "split"])
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16-cache", "fp8-cache"])
+def test_rope_in_decode_is_rope_then_decode(fp8, max_context_len):
+    """One launch (``rope_in_decode.py``) against q/k norm + RoPE writing K/V, then m08's decode: the caches the same
+    to the bit, and the heads the same to a rounding (q's norms are summed over rows of heads here, which may
+    round q's last bit otherwise). Split (4,096 keys assumed: 6 slices of 64 keys a program), the 200th key is the
+    fourth slice's and the last two slices are empty; direct, each row is one program."""
+    from milestones.m13_quantization.rope_in_decode import rope_decode_attention
+
+    sums, rope_args = rope_case(3)
+    two_launches, one_launch = _decode_case(fp8, max_context_len), _decode_case(fp8, max_context_len)
+    cache = two_launches.cache
+    slots = CacheSlots(cache.k[0], cache.v[0], two_launches.slot_mapping, **cache.kernel_scales(0))
+    q, _, _ = sliced_qk_norm_rope(sums, *rope_args, cache=slots)
+    expected = two_launches.decode_stored(0, q)
+    got = rope_decode_attention(one_launch, 0, sums, *rope_args)
+    for stored, wrote in ((two_launches.cache.k, one_launch.cache.k), (two_launches.cache.v, one_launch.cache.v)):
+        assert torch.equal(wrote.view(torch.uint8), stored.view(torch.uint8))
+    torch.testing.assert_close(got, expected, rtol=2e-2, atol=2e-3)
+    assert torch.equal(got[2], torch.zeros_like(got[2]))  # the padding row reads nothing
+    if DEVICE.type == "cpu":  # the interpreter sums a row of heads as it sums one head: to the bit
+        assert torch.equal(got, expected)
+
+
+def test_rope_in_decode_refuses_slices_too_narrow():
+    from milestones.m13_quantization.rope_in_decode import rope_decode_attention
+
+    sums, rope_args = rope_case(3)
+    narrow = type(sums)(sums.parts[..., : -DIM], sums.dtype)
+    with pytest.raises(ValueError, match="must hold"):
+        rope_decode_attention(_decode_case(False, 64), 0, narrow, *rope_args)

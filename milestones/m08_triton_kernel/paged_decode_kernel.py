@@ -417,7 +417,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            max_context_len: int | None = None, num_splits: int | None = None,
                            out: torch.Tensor | None = None,
                            config: DecodeKernelConfig | None = None, k_scale: torch.Tensor | None = None,
-                           v_scale: torch.Tensor | None = None, combine: Callable | None = None) -> torch.Tensor:
+                           v_scale: torch.Tensor | None = None, combine: Callable | None = None,
+                           kernel: Callable | None = None, kernel_args: dict | None = None) -> torch.Tensor:
     """Attention of one new query token per sequence over its paged K/V; returns ``[B, heads, head_dim]``.
 
     ``q`` ``[B, heads, head_dim]`` (RoPE applied); ``k_cache``/``v_cache`` ``[num_blocks, block_size, kv_heads,
@@ -430,6 +431,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     ``k_scale`` / ``v_scale`` (one-element float32 tensors, read on the device): a float8_e4m3fn cache's scales
     (m13), required with such a cache and refused without one. ``combine(partial, lse, out, num_splits)``, where
     K is split: launches what weighs the slices into ``out`` instead of ``_combine_splits_kernel`` (m13's seam).
+    ``kernel``: launched instead of ``_paged_decode_kernel``, with its arguments and ``kernel_args`` besides (m13's
+    seam: a kernel whose programs make q before they decode).
     """
     layout = _layout(q, k_cache, v_cache, block_tables, context_lens, out)
     kv_fp8 = k_cache.dtype == FP8_DTYPE
@@ -463,13 +466,13 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     else:
         lse = out  # unused by the direct path
         target, target_strides = out, (*layout.out_strides, 0)
-    _paged_decode_kernel[(batch, layout.num_kv_heads, num_splits)](
+    (kernel or _paged_decode_kernel)[(batch, layout.num_kv_heads, num_splits)](
         q, k_cache, v_cache, block_tables, context_lens, target, lse,
         scale * LOG2_E, num_splits, layout.max_blocks, *layout.strides, *target_strides,
         TILE=config.tile_tokens, SPLIT=split, DOT_FP32=layout.dots_in_fp32 or config.dot_in_fp32,
         k_scale_ptr=k_scale, v_scale_ptr=v_scale, KV_FP8=kv_fp8, FP8_WORDS=layout.fp8_words,
         PTX=layout.fp8_words and layout.ptx,
-        num_warps=config.num_warps, num_stages=config.num_stages, **layout.constexprs,
+        num_warps=config.num_warps, num_stages=config.num_stages, **layout.constexprs, **(kernel_args or {}),
     )
     if split and combine is not None:
         combine(partial, lse, out, num_splits)

@@ -86,11 +86,13 @@ def _qk_norm_rope_kernel(qkv_ptr, weight_ptr, cos_ptr, sin_ptr, positions_ptr, q
 def qk_norm_rope_values(x1, x2, token, head, weight_ptr, cos_ptr, sin_ptr, positions_ptr, eps, stride_table,
                         DIM: tl.constexpr, HALF: tl.constexpr):
     """One q or k head of one token, its halves ``x1``, ``x2`` loaded: normalised and rotated, in float32 (a seam:
-    m13 stores a K head in the paged cache)."""
+    m13 stores a K head in the paged cache, and rotates a group of heads as the rows of ``[rows, HALF]`` halves,
+    ``head`` then ``[rows, 1]``)."""
     first = tl.arange(0, HALF)
     x1 = x1.to(tl.float32)
     x2 = x2.to(tl.float32)
-    inv_rms = 1.0 / tl.sqrt((tl.sum(x1 * x1, axis=0) + tl.sum(x2 * x2, axis=0)) / DIM + eps)
+    squares = tl.sum(x1 * x1, axis=-1, keep_dims=True) + tl.sum(x2 * x2, axis=-1, keep_dims=True)  # each head's
+    inv_rms = 1.0 / tl.sqrt(squares / DIM + eps)
     x1 = x1 * inv_rms * tl.load(weight_ptr + head * DIM + first).to(tl.float32)
     x2 = x2 * inv_rms * tl.load(weight_ptr + head * DIM + HALF + first).to(tl.float32)
     position = tl.load(positions_ptr + token).to(tl.int64)

@@ -63,6 +63,7 @@ from .kv_at_rope import CacheSlots
 from .launch_config import LAUNCH_TABLE, regime
 from .matmul_kernels import quantized_matmul
 from .quantize import QuantizedLinear
+from .rope_in_decode import rope_decode_attention
 from .sliced_sums import SlicedSums, sliced_qk_norm_rope
 
 
@@ -85,6 +86,9 @@ DEFERRED_NORM_MAX_ROWS = 4
 # On since call 99 timed it: the batch-1 step 2.116 ms against 2.136 with the store's launch, 2.36x bf16's against
 # 2.34x (results/h200/m13_step_times+rope-kv.json)
 ROPE_STORES_KV = True
+# With ROPE_STORES_KV, the decode kernel's programs do q/k norm + RoPE and the K/V store themselves, one launch fewer
+# a layer (rope_in_decode.py)
+ROPE_IN_DECODE = True
 
 
 def _on_triton(proj: nn.Module) -> bool:
@@ -173,6 +177,10 @@ class EpilogueQwen3Model(FusedQwen3Model):
         other attention (a prefill's, an eager step's, a plain function) is given q, k and v as in m12."""
         if not (ROPE_STORES_KV and isinstance(qkv, SlicedSums) and isinstance(attention, GraphDecodeAttention)):
             return super().attend_qkv(attn, qkv, positions, attention)
+        if ROPE_IN_DECODE:
+            return rope_decode_attention(attention, attn.layer_idx, qkv, attn.num_heads, attn.num_kv_heads,
+                                         attn.head_dim, attn.qk_norm_weight, self.rotary_emb.cos,
+                                         self.rotary_emb.signed_sin, positions, attn.eps)
         layer, cache = attn.layer_idx, attention.cache
         slots = CacheSlots(cache.k[layer], cache.v[layer], attention.slot_mapping, **cache.kernel_scales(layer))
         q, _, _ = sliced_qk_norm_rope(qkv, attn.num_heads, attn.num_kv_heads, attn.head_dim, attn.qk_norm_weight,

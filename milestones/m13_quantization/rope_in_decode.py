@@ -1,0 +1,142 @@
+"""q/k norm + RoPE done by the decode kernel's own programs, not by a launch before it.
+
+At batch 1 a decode graph runs, per layer, q/k/v's GEMV, then q/k norm + RoPE over its slices (which also writes
+the token's K/V into the cache, ``kv_at_rope.py``), then m08's decode kernel, then the combine. The RoPE kernel is
+a chain of latencies: the slices' loads, a norm, a rotation, the stores; about 2 µs of GPU time, and each launch
+in the graph costs the step about 2.4 µs a layer (call 120 captured the graph without it: 2.49x bf16's step
+against 2.39x). Its work is small enough to repeat: every decode program needs only its own query heads, and only
+one program of each K/V head reads the new key. So the decode kernel's programs make them::
+
+    before:  q = rope(slices), K/V -> cache;       out = decode(q, cache)           two launches
+    here:    each (sequence, K/V head, split) program:
+               its GROUP query heads = rope(slices)           (every split makes them again: 4 heads, 1 KB)
+               the split that holds the last key: K/V -> cache, for its K/V head
+               a barrier, then m08's decode over the cache     one launch
+
+The program hands q to m08's kernel, inlined whole (``_paged_decode_kernel`` is a ``@triton.jit`` function, so
+a kernel may call it), through a scratch row of its own ``[split, sequence, heads, dim]``: its threads store the
+rows in one layout and read them in another. ``tl.debug_barrier()`` (``bar.sync``) orders those stores, and the
+new key's, before every thread's loads, and makes them visible to the whole program; no other program reads them.
+
+The values are the same arithmetic as ``sliced_sums.py``'s kernel: the slices added in slice order, times the
+deferred 1 / rms, rounded as the GEMV would have stored them, normalised and rotated with m12's
+``qk_norm_rope_values`` (here on ``[GROUP, HALF]`` rows at once), K/V stored as ``store_head_at_slot`` stores them.
+``epilogue_layers.py`` uses it where ``ROPE_IN_DECODE`` says, in a decode graph whose q/k/v left its slices.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from milestones.m08_triton_kernel.device_kernel import device_kernel, runs_interpreted
+from milestones.m08_triton_kernel.launch_config import FP8_LAUNCH_TABLE, LAUNCH_TABLE, choose_launch, sm_count
+from milestones.m08_triton_kernel.paged_decode_kernel import FP8_DTYPE, _paged_decode_kernel
+from milestones.m10_cuda_graphs.graph_runner import GraphDecodeAttention
+from milestones.m12_async_scheduling.fused_kernels import qk_norm_rope_values
+
+from .kv_at_rope import CacheSlots, store_head_at_slot
+from .sliced_sums import SlicedSums, head_from_slices
+
+_decode_heads = _paged_decode_kernel.compiled  # m08's kernel as a function this kernel's programs call
+
+
+@device_kernel
+@triton.jit(do_not_specialize=["num_splits", "max_blocks", "stride_table"])
+def _rope_decode_kernel(
+    # m08's _paged_decode_kernel's arguments, in its order (q_ptr: this launch's scratch, split 0's rows)
+    q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr, out_ptr, lse_ptr,
+    scale_log2, num_splits, max_blocks,
+    stride_q_seq, stride_q_head,
+    stride_k_block, stride_k_slot, stride_k_head,
+    stride_v_block, stride_v_slot, stride_v_head,
+    stride_table, stride_out_seq, stride_out_head, stride_out_split,
+    GROUP: tl.constexpr, GROUP_ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    TILE: tl.constexpr, SPLIT: tl.constexpr, DOT_FP32: tl.constexpr, IEEE: tl.constexpr,
+    k_scale_ptr, v_scale_ptr, KV_FP8: tl.constexpr, FP8_WORDS: tl.constexpr, PTX: tl.constexpr,
+    # and what q/k norm + RoPE over the slices reads (sliced_sums.py), and where K/V go (kv_at_rope.py)
+    parts_ptr, weight_ptr, cos_ptr, sin_ptr, positions_ptr, slot_ptr, eps, rsq_ptr, x_eps, x_dim, stride_slice,
+    stride_pm, stride_rope_table, stride_rsq, stride_q_split, stride_k_row, stride_v_row,
+    SLICES: tl.constexpr, HEADS: tl.constexpr, ROW_NORM_PARTS: tl.constexpr, ROW_NORM_POW2: tl.constexpr,
+    GROUP_POW2: tl.constexpr, ROUND_FIRST: tl.constexpr,
+):
+    """One (sequence, K/V head, split): its query heads rotated into its scratch rows, the new K/V stored by the
+    split that reads the last key, then m08's program over them."""
+    seq = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    token = seq.to(tl.int64)
+    half: tl.constexpr = HEAD_DIM // 2
+    dtype = q_ptr.dtype.element_ty
+    rows = tl.arange(0, GROUP_POW2)[:, None]
+    heads = kv_head * GROUP + tl.minimum(rows, GROUP - 1)  # padding rows repeat the last head (stored nowhere)
+    x1, x2 = head_from_slices(parts_ptr, token, heads, stride_pm, stride_slice, rsq_ptr, stride_rsq, x_dim, x_eps,
+                              dtype, SLICES, HEAD_DIM, half, ROW_NORM_PARTS, ROW_NORM_POW2)
+    q1, q2 = qk_norm_rope_values(x1, x2, token, heads, weight_ptr, cos_ptr, sin_ptr, positions_ptr, eps,
+                                 stride_rope_table, HEAD_DIM, half)
+    first = tl.arange(0, half)[None, :]
+    q_rows = q_ptr + split * stride_q_split + seq * stride_q_seq + heads * stride_q_head + first
+    tl.store(q_rows, q1.to(dtype), mask=rows < GROUP)
+    tl.store(q_rows + half, q2.to(dtype), mask=rows < GROUP)
+
+    # The split whose keys hold the last one (m08's slices: whole tiles, sized by the sequence's length) stores it.
+    context_len = tl.minimum(tl.load(context_lens_ptr + seq).to(tl.int32), max_blocks * BLOCK_SIZE)
+    last = context_len - 1
+    if SPLIT:
+        split_len = tl.cdiv(tl.cdiv(context_len, num_splits), TILE) * TILE
+        stores_kv = (split * split_len <= last) & (last < split * split_len + split_len)
+    else:
+        stores_kv = last >= 0
+    if stores_kv:
+        k_head = HEADS + kv_head
+        k1, k2 = head_from_slices(parts_ptr, token, k_head, stride_pm, stride_slice, rsq_ptr, stride_rsq, x_dim,
+                                  x_eps, dtype, SLICES, HEAD_DIM, half, ROW_NORM_PARTS, ROW_NORM_POW2)
+        k1, k2 = qk_norm_rope_values(k1, k2, token, k_head, weight_ptr, cos_ptr, sin_ptr, positions_ptr, eps,
+                                     stride_rope_table, HEAD_DIM, half)
+        store_head_at_slot(k1.to(dtype), k2.to(dtype), token, kv_head, k_cache_ptr, slot_ptr, stride_k_row,
+                           k_scale_ptr, HEAD_DIM, half, KV_FP8, ROUND_FIRST)
+        v1, v2 = head_from_slices(parts_ptr, token, k_head + tl.num_programs(1), stride_pm, stride_slice, rsq_ptr,
+                                  stride_rsq, x_dim, x_eps, dtype, SLICES, HEAD_DIM, half, ROW_NORM_PARTS,
+                                  ROW_NORM_POW2)
+        store_head_at_slot(v1, v2, token, kv_head, v_cache_ptr, slot_ptr, stride_v_row, v_scale_ptr, HEAD_DIM, half,
+                           KV_FP8, ROUND_FIRST)
+    tl.debug_barrier()  # the program's stores above, before any of its threads loads q or the keys
+
+    _decode_heads(q_ptr + split * stride_q_split, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr,
+                  out_ptr, lse_ptr, scale_log2, num_splits, max_blocks, stride_q_seq, stride_q_head,
+                  stride_k_block, stride_k_slot, stride_k_head, stride_v_block, stride_v_slot, stride_v_head,
+                  stride_table, stride_out_seq, stride_out_head, stride_out_split, GROUP, GROUP_ROWS, HEAD_DIM,
+                  BLOCK_SIZE, TILE, SPLIT, DOT_FP32, IEEE, k_scale_ptr, v_scale_ptr, KV_FP8, FP8_WORDS, PTX)
+
+
+def rope_decode_attention(attention: GraphDecodeAttention, layer: int, qkv: SlicedSums, num_heads: int,
+                          num_kv_heads: int, head_dim: int, norm_weight: torch.Tensor, cos: torch.Tensor,
+                          signed_sin: torch.Tensor, positions: torch.Tensor, eps: float) -> torch.Tensor:
+    """``attention.decode_stored(layer, q)`` after ``sliced_qk_norm_rope(qkv, ..., slots)`` as one launch: the
+    attention's heads ``[B, heads, dim]``, the step's K/V written into the cache at its slots."""
+    slices, tokens, width = qkv.parts.shape
+    if width < (num_heads + 2 * num_kv_heads) * head_dim or qkv.parts.stride(-1) != 1:
+        raise ValueError(f"q/k/v's slices must hold {(num_heads + 2 * num_kv_heads) * head_dim} outputs a row, "
+                         f"contiguous; got {tuple(qkv.parts.shape)}")
+    cache = attention.cache
+    slots = CacheSlots(cache.k[layer], cache.v[layer], attention.slot_mapping, **cache.kernel_scales(layer))
+    row_strides = slots.row_strides(tokens, num_kv_heads, head_dim, qkv.dtype, qkv.parts.device)
+    kv_fp8 = slots.k_cache.dtype == FP8_DTYPE
+    # The launch m08's wrapper would choose, chosen here: the scratch holds a row of q for each split.
+    config, num_splits = choose_launch(tokens, num_kv_heads, max(1, attention.max_context_len),
+                                       sm_count(qkv.parts.device), FP8_LAUNCH_TABLE if kv_fp8 else LAUNCH_TABLE)
+    scratch = torch.empty((num_splits, tokens, num_heads, head_dim), dtype=qkv.dtype, device=qkv.parts.device)
+    squares = qkv.row_squares
+    parts = 0 if squares is None else squares.shape[1]
+    group = num_heads // num_kv_heads
+    rope_args = dict(
+        parts_ptr=qkv.parts, weight_ptr=norm_weight, cos_ptr=cos, sin_ptr=signed_sin, positions_ptr=positions,
+        slot_ptr=slots.slot_mapping, eps=eps, rsq_ptr=scratch if squares is None else squares, x_eps=qkv.eps,
+        x_dim=qkv.x_dim, stride_slice=qkv.parts.stride(0), stride_pm=qkv.parts.stride(1),
+        stride_rope_table=cos.stride(0), stride_rsq=0 if squares is None else squares.stride(0),
+        stride_q_split=scratch.stride(0), stride_k_row=row_strides[0], stride_v_row=row_strides[1], SLICES=slices,
+        HEADS=num_heads, ROW_NORM_PARTS=parts, ROW_NORM_POW2=triton.next_power_of_2(max(parts, 1)),
+        GROUP_POW2=triton.next_power_of_2(group), ROUND_FIRST=kv_fp8 and runs_interpreted(qkv.parts.device))
+    return attention.decode(layer, scratch[0], num_splits=num_splits, config=config, kernel=_rope_decode_kernel,
+                            kernel_args=rope_args, **cache.kernel_scales(layer))

@@ -1,0 +1,32 @@
+"""One GPU call: q/k norm + RoPE inside the decode kernel's programs (rope_in_decode.py, ROPE_IN_DECODE) against
+its own launch before the decode kernel, in the batch-1, -2 and -4 step (quant_step, 5 interleaved rounds, 512 keys).
+
+    python3 scratch/rope_in_decode_ab.py OUT_DIR
+"""
+
+from __future__ import annotations
+
+import sys
+
+import benchmarks.quant_step as quant_step
+from milestones.m13_quantization import epilogue_layers
+
+
+def main(out_dir: str) -> None:
+    plain_build = quant_step.build
+
+    def build(mode, args):
+        try:  # the graphs record the launches they capture
+            epilogue_layers.ROPE_IN_DECODE = mode != "int4-rope-launch"
+            return plain_build(mode, args)
+        finally:
+            epilogue_layers.ROPE_IN_DECODE = True
+
+    quant_step.MODES.setdefault("int4-rope-launch", quant_step.MODES["int4"])
+    quant_step.build = build
+    quant_step.main(["--modes", "bf16,int4,int4-rope-launch", "--batches", "1,2,4", "--rounds", "5",
+                     "--out", f"{out_dir}/m13_step_times_rope_in_decode.json"])
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else ".")
