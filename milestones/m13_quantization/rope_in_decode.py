@@ -40,21 +40,6 @@ from .kv_at_rope import CacheSlots, store_head_at_slot
 from .sliced_sums import SlicedSums, head_from_slices
 
 _decode_heads = _paged_decode_kernel.compiled  # m08's kernel as a function this kernel's programs call
-PREFETCH_FIRST_TILE = True  # the first tile's K/V lines asked of L2 while q is made (compiled kernels only)
-
-
-@triton.jit
-def _prefetch_tile(head_ptr, block, slot, valid, stride_block, stride_slot, HEAD_DIM: tl.constexpr,
-                   FP8_WORDS: tl.constexpr):
-    """Ask L2 for a ``[TILE, head_dim]`` tile's 128-byte lines (``prefetch.global.L2``: no register waits for it)."""
-    if FP8_WORDS:  # m08's strides of an FP8 cache count int16 words
-        head_ptr = head_ptr.to(tl.pointer_type(tl.int16), bitcast=True)
-    per_line: tl.constexpr = 1024 // head_ptr.dtype.element_ty.primitive_bitwidth
-    row: tl.constexpr = HEAD_DIM // 2 if FP8_WORDS else HEAD_DIM
-    lines = tl.arange(0, max(1, row // per_line)) * per_line
-    line_ptrs = head_ptr + (block * stride_block + slot * stride_slot)[:, None] + lines[None, :]
-    tl.inline_asm_elementwise("@$2 prefetch.global.L2 [$1];\n mov.u32 $0, 0;", "=r,l,b", [line_ptrs, valid[:, None]],
-                              dtype=tl.int32, is_pure=False, pack=1)
 
 
 @device_kernel
@@ -74,7 +59,7 @@ def _rope_decode_kernel(
     parts_ptr, weight_ptr, cos_ptr, sin_ptr, positions_ptr, slot_ptr, eps, rsq_ptr, x_eps, x_dim, stride_slice,
     stride_pm, stride_rope_table, stride_rsq, stride_q_split, stride_k_row, stride_v_row,
     SLICES: tl.constexpr, HEADS: tl.constexpr, ROW_NORM_PARTS: tl.constexpr, ROW_NORM_POW2: tl.constexpr,
-    GROUP_POW2: tl.constexpr, ROUND_FIRST: tl.constexpr, PREFETCH: tl.constexpr,
+    GROUP_POW2: tl.constexpr, ROUND_FIRST: tl.constexpr,
 ):
     """One (sequence, K/V head, split): its query heads rotated into its scratch rows, the new K/V stored by the
     split that reads the last key, then m08's program over them."""
@@ -84,22 +69,10 @@ def _rope_decode_kernel(
     token = seq.to(tl.int64)
     half: tl.constexpr = HEAD_DIM // 2
     dtype = q_ptr.dtype.element_ty
-    # Every load that needs nothing loaded first goes out at once, m08's first (the length) among them: the slices
-    # of the group's query heads and of the K/V head (every program loads them, one stores them).
+    # The keys m08's program will read (its slices: whole tiles, sized by the sequence's length). A split that holds
+    # none (a graph cuts every sequence as its longest context: 41 of 49 at 512 keys) makes no q; the one that
+    # holds the last key stores it.
     context_len = tl.minimum(tl.load(context_lens_ptr + seq).to(tl.int32), max_blocks * BLOCK_SIZE)
-    rows = tl.arange(0, GROUP_POW2)[:, None]
-    heads = kv_head * GROUP + tl.minimum(rows, GROUP - 1)  # padding rows repeat the last head (stored nowhere)
-    x1, x2 = head_from_slices(parts_ptr, token, heads, stride_pm, stride_slice, rsq_ptr, stride_rsq, x_dim, x_eps,
-                              dtype, SLICES, HEAD_DIM, half, ROW_NORM_PARTS, ROW_NORM_POW2)
-    k_head = HEADS + kv_head
-    k1, k2 = head_from_slices(parts_ptr, token, k_head, stride_pm, stride_slice, rsq_ptr, stride_rsq, x_dim, x_eps,
-                              dtype, SLICES, HEAD_DIM, half, ROW_NORM_PARTS, ROW_NORM_POW2)
-    v1, v2 = head_from_slices(parts_ptr, token, k_head + tl.num_programs(1), stride_pm, stride_slice, rsq_ptr,
-                              stride_rsq, x_dim, x_eps, dtype, SLICES, HEAD_DIM, half, ROW_NORM_PARTS,
-                              ROW_NORM_POW2)
-    # The keys m08's program will read (its slices: whole tiles, sized by the sequence's length), and the split
-    # whose keys hold the last one, which stores it.
-    last = context_len - 1
     if SPLIT:
         split_len = tl.cdiv(tl.cdiv(context_len, num_splits), TILE) * TILE
         start = split * split_len
@@ -107,26 +80,29 @@ def _rope_decode_kernel(
     else:
         start = 0
         end = context_len
-    stores_kv = (start <= last) & (last < end)
+    stores_kv = (start <= context_len - 1) & (context_len - 1 < end)
+    rows = tl.arange(0, GROUP_POW2)[:, None]
+    heads = kv_head * GROUP + tl.minimum(rows, GROUP - 1)  # padding rows repeat the last head (stored nowhere)
+    x1, x2 = head_from_slices(parts_ptr, token, heads, stride_pm, stride_slice, rsq_ptr, stride_rsq, x_dim, x_eps,
+                              dtype, start < end, SLICES, HEAD_DIM, half, ROW_NORM_PARTS, ROW_NORM_POW2)
+    k_head = HEADS + kv_head  # its slices loaded with q's: the loads go out together
+    k1, k2 = head_from_slices(parts_ptr, token, k_head, stride_pm, stride_slice, rsq_ptr, stride_rsq, x_dim, x_eps,
+                              dtype, stores_kv, SLICES, HEAD_DIM, half, ROW_NORM_PARTS, ROW_NORM_POW2)
+    v1, v2 = head_from_slices(parts_ptr, token, k_head + tl.num_programs(1), stride_pm, stride_slice, rsq_ptr,
+                              stride_rsq, x_dim, x_eps, dtype, stores_kv, SLICES, HEAD_DIM, half, ROW_NORM_PARTS,
+                              ROW_NORM_POW2)
     q1, q2 = qk_norm_rope_values(x1, x2, token, heads, weight_ptr, cos_ptr, sin_ptr, positions_ptr, eps,
                                  stride_rope_table, HEAD_DIM, half)
-    if PREFETCH:  # the first tile's blocks, as m08's program loads them, and its K/V lines on their way to L2
-        first_keys = start + tl.arange(0, TILE)
-        blocks = tl.load(block_tables_ptr + seq * stride_table + first_keys // BLOCK_SIZE, mask=first_keys < end,
-                         other=0)
-        _prefetch_tile(k_cache_ptr + kv_head * stride_k_head, blocks.to(tl.int64), first_keys % BLOCK_SIZE,
-                       first_keys < end, stride_k_block, stride_k_slot, HEAD_DIM, FP8_WORDS)
-        _prefetch_tile(v_cache_ptr + kv_head * stride_v_head, blocks.to(tl.int64), first_keys % BLOCK_SIZE,
-                       first_keys < end, stride_v_block, stride_v_slot, HEAD_DIM, FP8_WORDS)
     first = tl.arange(0, half)[None, :]
     q_rows = q_ptr + split * stride_q_split + seq * stride_q_seq + heads * stride_q_head + first
-    tl.store(q_rows, q1.to(dtype), mask=rows < GROUP)
-    tl.store(q_rows + half, q2.to(dtype), mask=rows < GROUP)
+    made = rows < tl.where(start < end, GROUP, 0)  # the group's rows, where the split holds keys
+    tl.store(q_rows, q1.to(dtype), mask=made)
+    tl.store(q_rows + half, q2.to(dtype), mask=made)
     if stores_kv:
         rotated1, rotated2 = qk_norm_rope_values(k1, k2, token, k_head, weight_ptr, cos_ptr, sin_ptr, positions_ptr,
                                                  eps, stride_rope_table, HEAD_DIM, half)
-        store_head_at_slot(rotated1.to(dtype), rotated2.to(dtype), token, kv_head, k_cache_ptr, slot_ptr, stride_k_row,
-                           k_scale_ptr, HEAD_DIM, half, KV_FP8, ROUND_FIRST)
+        store_head_at_slot(rotated1.to(dtype), rotated2.to(dtype), token, kv_head, k_cache_ptr, slot_ptr,
+                           stride_k_row, k_scale_ptr, HEAD_DIM, half, KV_FP8, ROUND_FIRST)
         store_head_at_slot(v1, v2, token, kv_head, v_cache_ptr, slot_ptr, stride_v_row, v_scale_ptr, HEAD_DIM, half,
                            KV_FP8, ROUND_FIRST)
     tl.debug_barrier()  # the program's stores above, before any of its threads loads q or the keys
@@ -165,7 +141,6 @@ def rope_decode_attention(attention: GraphDecodeAttention, layer: int, qkv: Slic
         stride_rope_table=cos.stride(0), stride_rsq=0 if squares is None else squares.stride(0),
         stride_q_split=scratch.stride(0), stride_k_row=row_strides[0], stride_v_row=row_strides[1], SLICES=slices,
         HEADS=num_heads, ROW_NORM_PARTS=parts, ROW_NORM_POW2=triton.next_power_of_2(max(parts, 1)),
-        GROUP_POW2=triton.next_power_of_2(group), ROUND_FIRST=kv_fp8 and runs_interpreted(qkv.parts.device),
-        PREFETCH=PREFETCH_FIRST_TILE and not runs_interpreted(qkv.parts.device))
+        GROUP_POW2=triton.next_power_of_2(group), ROUND_FIRST=kv_fp8 and runs_interpreted(qkv.parts.device))
     return attention.decode(layer, scratch[0], num_splits=num_splits, config=config, kernel=_rope_decode_kernel,
                             kernel_args=rope_args, **cache.kernel_scales(layer))

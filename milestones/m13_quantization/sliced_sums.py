@@ -71,15 +71,17 @@ def add_slices(first_slice, mask, stride_slice, SLICES: tl.constexpr):
 
 @triton.jit
 def head_from_slices(parts_ptr, token, head, stride_pm, stride_slice, rsq_ptr, stride_rsq, x_dim, x_eps, dtype,
-                     SLICES: tl.constexpr, DIM: tl.constexpr, HALF: tl.constexpr, ROW_NORM_PARTS: tl.constexpr,
+                     wanted, SLICES: tl.constexpr, DIM: tl.constexpr, HALF: tl.constexpr, ROW_NORM_PARTS: tl.constexpr,
                      ROW_NORM_POW2: tl.constexpr):
     """The halves of one token's q, k or v head (``head``: a number, or ``[rows, 1]`` of them): its slices added,
     times x's deferred 1 / rms (the input norm's, over its ``x_dim`` values) where ``ROW_NORM_PARTS``, each value
-    rounded to ``dtype`` as the GEMV would have stored it."""
+    rounded to ``dtype`` as the GEMV would have stored it. Not ``wanted`` (a condition of the program): zeros, and
+    nothing loaded."""
     first = tl.arange(0, HALF)
     row = parts_ptr + token * stride_pm + head * DIM + first
-    x1 = add_slices(row, first < HALF, stride_slice, SLICES)
-    x2 = add_slices(row + HALF, first < HALF, stride_slice, SLICES)
+    loaded = first < tl.where(wanted, HALF, 0)
+    x1 = add_slices(row, loaded, stride_slice, SLICES)
+    x2 = add_slices(row + HALF, loaded, stride_slice, SLICES)
     if ROW_NORM_PARTS > 0:
         rstd = row_rstd(rsq_ptr + token * stride_rsq, ROW_NORM_PARTS, ROW_NORM_POW2, x_dim, x_eps)
         x1 = x1 * rstd
@@ -101,7 +103,7 @@ def _sliced_qk_norm_rope_kernel(parts_ptr, weight_ptr, cos_ptr, sin_ptr, positio
     first = tl.arange(0, HALF)
     dtype = q_ptr.dtype.element_ty
     x1, x2 = head_from_slices(parts_ptr, token, head, stride_pm, stride_slice, rsq_ptr, stride_rsq, x_dim, x_eps,
-                              dtype, SLICES, DIM, HALF, ROW_NORM_PARTS, ROW_NORM_POW2)
+                              dtype, True, SLICES, DIM, HALF, ROW_NORM_PARTS, ROW_NORM_POW2)
     if head < HEADS or (head < HEADS + KV_HEADS and not TO_CACHE):
         qk_norm_rope_head(x1, x2, token, head, weight_ptr, cos_ptr, sin_ptr, positions_ptr, q_ptr, k_ptr, eps,
                           stride_table, KV_HEADS, HEADS, DIM, HALF)
