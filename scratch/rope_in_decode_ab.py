@@ -1,5 +1,5 @@
-"""One GPU call: q/k norm + RoPE inside the decode kernel's programs (rope_in_decode.py, ROPE_IN_DECODE), q made only
-by the splits that hold keys, against its own launch before the decode kernel: the batch-1, -2 and -4 step at 512 keys and the batch-1 step at 4,096 (quant_step, 5 interleaved
+"""One GPU call: q/k norm + RoPE inside the decode kernel's programs (rope_in_decode.py, ROPE_IN_DECODE), q made in
+registers beside m08's first loads (its body a jit function, decode_keys), against its own launch before the decode kernel: the batch-1, -2 and -4 step at 512 keys and the batch-1 step at 4,096 (quant_step, 5 interleaved
 rounds).
 
     python3 scratch/rope_in_decode_ab.py OUT_DIR
@@ -28,9 +28,9 @@ def main(out_dir: str) -> None:
     quant_step.build = build
     modes = "bf16,int4,int4-rope-launch"
     quant_step.main(["--modes", modes, "--batches", "1,2,4", "--rounds", "5",
-                     "--out", f"{out_dir}/m13_step_times_rope_in_decode_live.json"])
+                     "--out", f"{out_dir}/m13_step_times_rope_in_decode_registers.json"])
     quant_step.main(["--modes", modes, "--batches", "1", "--context", "4096", "--rounds", "5",
-                     "--out", f"{out_dir}/m13_step_times_rope_in_decode_live_4096.json"])
+                     "--out", f"{out_dir}/m13_step_times_rope_in_decode_registers_4096.json"])
 
 
 if __name__ == "__main__":

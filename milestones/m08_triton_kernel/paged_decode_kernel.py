@@ -183,34 +183,14 @@ def _online_softmax_step_words(q_even, q_odd, k_even, k_odd, v_even, v_odd, visi
     return m, l, acc_even, acc_odd
 
 
-@device_kernel
-@triton.jit(do_not_specialize=["num_splits", "max_blocks", "stride_table"])
-def _paged_decode_kernel(
-    q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr, out_ptr, lse_ptr,
-    scale_log2, num_splits, max_blocks,
-    stride_q_seq, stride_q_head,
-    stride_k_block, stride_k_slot, stride_k_head,
-    stride_v_block, stride_v_slot, stride_v_head,
-    stride_table, stride_out_seq, stride_out_head, stride_out_split,
-    GROUP: tl.constexpr, GROUP_ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    TILE: tl.constexpr, SPLIT: tl.constexpr, DOT_FP32: tl.constexpr, IEEE: tl.constexpr,
-    k_scale_ptr, v_scale_ptr, KV_FP8: tl.constexpr, FP8_WORDS: tl.constexpr, PTX: tl.constexpr,
-):
-    """One (sequence, K/V head, split): the ``GROUP`` query heads of that K/V head against its keys.
-
-    ``KV_FP8`` (m13): the cache holds float8_e4m3 values ``x / scale`` with one float32 scale per layer for K
-    and one for V (``k_scale_ptr``, ``v_scale_ptr``). ``FP8_WORDS``: read as int16 words (``[..., head_dim / 2]``,
-    the strides given in words), widened to fp16 in registers (``_fp8_words_to_fp16``; ``PTX``: with Hopper's
-    conversion, off in the interpreter), the dots in fp16 on the even and the odd dims; otherwise (a head_dim
-    under 32) byte by byte. K's scale multiplies the scores (through ``scale_log2``) and V's the output."""
-    seq = tl.program_id(0)
-    kv_head = tl.program_id(1)
-    split = tl.program_id(2)
-    num_heads = tl.num_programs(1) * GROUP
-
-    # The keys this program reads: [start, end). A table holds max_blocks pages, so clamp to what it can address.
-    # Lengths may come as int64 (the engine's metadata): int32 here, or the loop's key indices would turn int64
-    # inside the loop while starting as int32, which the compiler rejects (tests/compile_for_gpu.py checks it).
+@triton.jit
+def split_keys(context_lens_ptr, seq, split, num_splits, max_blocks, BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr,
+               SPLIT: tl.constexpr):
+    """The keys ``[start, end)`` one program reads, and the sequence's length (a seam: m13 stores the new key in
+    the program whose keys hold it)."""
+    # A table holds max_blocks pages, so clamp to what it can address. Lengths may come as int64 (the engine's
+    # metadata): int32 here, or the loop's key indices would turn int64 inside the loop while starting as int32,
+    # which the compiler rejects (tests/compile_for_gpu.py checks it).
     context_len = tl.minimum(tl.load(context_lens_ptr + seq).to(tl.int32), max_blocks * BLOCK_SIZE)
     if SPLIT:
         # Every sequence is cut into num_splits slices of whole tiles, sized by its own length.
@@ -220,14 +200,34 @@ def _paged_decode_kernel(
     else:
         start = 0
         end = context_len
+    return start, end, context_len
 
-    rows = tl.arange(0, GROUP_ROWS)  # query head kv_head * GROUP + row; rows >= GROUP are padding
+
+@triton.jit
+def first_blocks(block_tables_ptr, seq, stride_table, start, end, BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr):
+    """The block ids of a program's first tile (``decode_keys`` loads each next tile's one iteration ahead)."""
+    keys = start + tl.arange(0, TILE)
+    return tl.load(block_tables_ptr + seq * stride_table + keys // BLOCK_SIZE, mask=keys < end, other=0)
+
+
+@triton.jit
+def decode_keys(q, start, end, next_blocks, k_cache_ptr, v_cache_ptr, block_tables_ptr, out_ptr, lse_ptr,
+                scale_log2, num_splits, stride_k_block, stride_k_slot, stride_k_head, stride_v_block, stride_v_slot,
+                stride_v_head, stride_table, stride_out_seq, stride_out_head, stride_out_split, GROUP: tl.constexpr,
+                GROUP_ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr,
+                SPLIT: tl.constexpr, DOT_FP32: tl.constexpr, IEEE: tl.constexpr, k_scale_ptr, v_scale_ptr,
+                KV_FP8: tl.constexpr, FP8_WORDS: tl.constexpr, PTX: tl.constexpr):
+    """The program's body once it holds its query rows ``q`` ``[GROUP_ROWS, HEAD_DIM]`` (padding rows 0), its
+    keys ``[start, end)`` and their first tile's blocks: the loop over its tiles, and its output (a seam: m13's
+    programs make q from a matmul's slices instead of loading it)."""
+    seq = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    num_heads = tl.num_programs(1) * GROUP
+    rows = tl.arange(0, GROUP_ROWS)
     dims = tl.arange(0, HEAD_DIM)
     heads = kv_head * GROUP + rows
-    q = tl.load(q_ptr + seq * stride_q_seq + heads[:, None] * stride_q_head + dims[None, :],
-                mask=(rows < GROUP)[:, None], other=0.0)
     q, scale_log2 = _widen_q(q, scale_log2, k_scale_ptr, KV_FP8, DOT_FP32)
-
     m = tl.full([GROUP_ROWS], float("-inf"), tl.float32)  # running max of the scores (base-2 units)
     l = tl.zeros([GROUP_ROWS], tl.float32)  # running sum of 2^(score - m)
     if FP8_WORDS:  # word j of a key holds its dims 2j (low byte) and 2j + 1: q and the output split alike
@@ -243,11 +243,9 @@ def _paged_decode_kernel(
         v_cache_ptr = v_cache_ptr.to(tl.pointer_type(tl.int16), bitcast=True)
     k_head = k_cache_ptr + kv_head * stride_k_head
     v_head = v_cache_ptr + kv_head * stride_v_head
-    # The block ids of a tile are loaded one iteration ahead (hoisted out of the K/V address chain): the K/V
-    # loads then depend on no load of their own iteration, so Triton's pipeliner can keep num_stages - 1 tiles
-    # of K and V in flight while the current one is computed.
-    next_keys = start + tl.arange(0, TILE)
-    next_blocks = tl.load(table_row + next_keys // BLOCK_SIZE, mask=next_keys < end, other=0)
+    # The block ids of a tile are loaded one iteration ahead (the first tile's before the loop, ``first_blocks``:
+    # hoisted out of the K/V address chain): the K/V loads then depend on no load of their own iteration, so
+    # Triton's pipeliner can keep num_stages - 1 tiles of K and V in flight while the current one is computed.
     for tile_start in range(start, end, TILE):
         keys = tile_start + tl.arange(0, TILE)
         valid = keys < end  # never read a table entry or a slot past the sequence's last key
@@ -282,6 +280,42 @@ def _paged_decode_kernel(
         tl.store(lse_ptr + (seq * num_heads + heads) * num_splits + split, lse, mask=rows < GROUP)
     else:
         tl.store(out_rows + dims[None, :], out.to(out_ptr.dtype.element_ty), mask=row_mask)
+
+
+@device_kernel
+@triton.jit(do_not_specialize=["num_splits", "max_blocks", "stride_table"])
+def _paged_decode_kernel(
+    q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr, out_ptr, lse_ptr,
+    scale_log2, num_splits, max_blocks,
+    stride_q_seq, stride_q_head,
+    stride_k_block, stride_k_slot, stride_k_head,
+    stride_v_block, stride_v_slot, stride_v_head,
+    stride_table, stride_out_seq, stride_out_head, stride_out_split,
+    GROUP: tl.constexpr, GROUP_ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    TILE: tl.constexpr, SPLIT: tl.constexpr, DOT_FP32: tl.constexpr, IEEE: tl.constexpr,
+    k_scale_ptr, v_scale_ptr, KV_FP8: tl.constexpr, FP8_WORDS: tl.constexpr, PTX: tl.constexpr,
+):
+    """One (sequence, K/V head, split): the ``GROUP`` query heads of that K/V head against its keys.
+
+    ``KV_FP8`` (m13): the cache holds float8_e4m3 values ``x / scale`` with one float32 scale per layer for K
+    and one for V (``k_scale_ptr``, ``v_scale_ptr``). ``FP8_WORDS``: read as int16 words (``[..., head_dim / 2]``,
+    the strides given in words), widened to fp16 in registers (``_fp8_words_to_fp16``; ``PTX``: with Hopper's
+    conversion, off in the interpreter), the dots in fp16 on the even and the odd dims; otherwise (a head_dim
+    under 32) byte by byte. K's scale multiplies the scores (through ``scale_log2``) and V's the output."""
+    seq = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    start, end, _ = split_keys(context_lens_ptr, seq, split, num_splits, max_blocks, BLOCK_SIZE, TILE, SPLIT)
+    next_blocks = first_blocks(block_tables_ptr, seq, stride_table, start, end, BLOCK_SIZE, TILE)
+    rows = tl.arange(0, GROUP_ROWS)  # query head kv_head * GROUP + row; rows >= GROUP are padding
+    dims = tl.arange(0, HEAD_DIM)
+    heads = kv_head * GROUP + rows
+    q = tl.load(q_ptr + seq * stride_q_seq + heads[:, None] * stride_q_head + dims[None, :],
+                mask=(rows < GROUP)[:, None], other=0.0)
+    decode_keys(q, start, end, next_blocks, k_cache_ptr, v_cache_ptr, block_tables_ptr, out_ptr, lse_ptr,
+                scale_log2, num_splits, stride_k_block, stride_k_slot, stride_k_head, stride_v_block, stride_v_slot,
+                stride_v_head, stride_table, stride_out_seq, stride_out_head, stride_out_split, GROUP, GROUP_ROWS,
+                HEAD_DIM, BLOCK_SIZE, TILE, SPLIT, DOT_FP32, IEEE, k_scale_ptr, v_scale_ptr, KV_FP8, FP8_WORDS, PTX)
 
 
 @triton.jit

@@ -31,21 +31,18 @@ import triton
 import triton.language as tl
 
 from milestones.m08_triton_kernel.device_kernel import device_kernel, runs_interpreted
-from milestones.m08_triton_kernel.launch_config import FP8_LAUNCH_TABLE, LAUNCH_TABLE, choose_launch, sm_count
-from milestones.m08_triton_kernel.paged_decode_kernel import FP8_DTYPE, _paged_decode_kernel
+from milestones.m08_triton_kernel.paged_decode_kernel import decode_keys, first_blocks, split_keys
 from milestones.m10_cuda_graphs.graph_runner import GraphDecodeAttention
 from milestones.m12_async_scheduling.fused_kernels import qk_norm_rope_values
 
 from .kv_at_rope import CacheSlots, store_head_at_slot
 from .sliced_sums import SlicedSums, head_from_slices
 
-_decode_heads = _paged_decode_kernel.compiled  # m08's kernel as a function this kernel's programs call
-
 
 @device_kernel
 @triton.jit(do_not_specialize=["num_splits", "max_blocks", "stride_table"])
 def _rope_decode_kernel(
-    # m08's _paged_decode_kernel's arguments, in its order (q_ptr: this launch's scratch, split 0's rows)
+    # m08's _paged_decode_kernel's arguments, in its order (q_ptr: only its dtype is read, q is made here)
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr, out_ptr, lse_ptr,
     scale_log2, num_splits, max_blocks,
     stride_q_seq, stride_q_head,
@@ -57,35 +54,29 @@ def _rope_decode_kernel(
     k_scale_ptr, v_scale_ptr, KV_FP8: tl.constexpr, FP8_WORDS: tl.constexpr, PTX: tl.constexpr,
     # and what q/k norm + RoPE over the slices reads (sliced_sums.py), and where K/V go (kv_at_rope.py)
     parts_ptr, weight_ptr, cos_ptr, sin_ptr, positions_ptr, slot_ptr, eps, rsq_ptr, x_eps, x_dim, stride_slice,
-    stride_pm, stride_rope_table, stride_rsq, stride_q_split, stride_k_row, stride_v_row,
+    stride_pm, stride_rope_table, stride_rsq, stride_k_row, stride_v_row,
     SLICES: tl.constexpr, HEADS: tl.constexpr, ROW_NORM_PARTS: tl.constexpr, ROW_NORM_POW2: tl.constexpr,
     GROUP_POW2: tl.constexpr, ROUND_FIRST: tl.constexpr,
 ):
-    """One (sequence, K/V head, split): its query heads rotated into its scratch rows, the new K/V stored by the
-    split that reads the last key, then m08's program over them."""
+    """One (sequence, K/V head, split): m08's program, its query rows made from the slices instead of loaded, and
+    the new K/V stored first by the split whose keys hold the last one."""
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
     token = seq.to(tl.int64)
     half: tl.constexpr = HEAD_DIM // 2
     dtype = q_ptr.dtype.element_ty
-    # The keys m08's program will read (its slices: whole tiles, sized by the sequence's length). A split that holds
-    # none (a graph cuts every sequence as its longest context: 41 of 49 at 512 keys) makes no q; the one that
-    # holds the last key stores it.
-    context_len = tl.minimum(tl.load(context_lens_ptr + seq).to(tl.int32), max_blocks * BLOCK_SIZE)
-    if SPLIT:
-        split_len = tl.cdiv(tl.cdiv(context_len, num_splits), TILE) * TILE
-        start = split * split_len
-        end = tl.minimum(start + split_len, context_len)
-    else:
-        start = 0
-        end = context_len
-    stores_kv = (start <= context_len - 1) & (context_len - 1 < end)
+    # m08's first loads (the length, then the first tile's blocks) go out beside the slices' (after the length: a
+    # split that holds no keys, 41 of 49 at 512 keys in a graph that serves 4,096, makes no q).
+    start, end, context_len = split_keys(context_lens_ptr, seq, split, num_splits, max_blocks, BLOCK_SIZE, TILE,
+                                         SPLIT)
+    next_blocks = first_blocks(block_tables_ptr, seq, stride_table, start, end, BLOCK_SIZE, TILE)
+    stores_kv = (start < end) & (end == context_len)  # the split that holds the last key
     rows = tl.arange(0, GROUP_POW2)[:, None]
-    heads = kv_head * GROUP + tl.minimum(rows, GROUP - 1)  # padding rows repeat the last head (stored nowhere)
+    heads = kv_head * GROUP + tl.minimum(rows, GROUP - 1)  # padding rows repeat the last head (zeroed below)
     x1, x2 = head_from_slices(parts_ptr, token, heads, stride_pm, stride_slice, rsq_ptr, stride_rsq, x_dim, x_eps,
                               dtype, start < end, SLICES, HEAD_DIM, half, ROW_NORM_PARTS, ROW_NORM_POW2)
-    k_head = HEADS + kv_head  # its slices loaded with q's: the loads go out together
+    k_head = HEADS + kv_head
     k1, k2 = head_from_slices(parts_ptr, token, k_head, stride_pm, stride_slice, rsq_ptr, stride_rsq, x_dim, x_eps,
                               dtype, stores_kv, SLICES, HEAD_DIM, half, ROW_NORM_PARTS, ROW_NORM_POW2)
     v1, v2 = head_from_slices(parts_ptr, token, k_head + tl.num_programs(1), stride_pm, stride_slice, rsq_ptr,
@@ -93,11 +84,12 @@ def _rope_decode_kernel(
                               ROW_NORM_POW2)
     q1, q2 = qk_norm_rope_values(x1, x2, token, heads, weight_ptr, cos_ptr, sin_ptr, positions_ptr, eps,
                                  stride_rope_table, HEAD_DIM, half)
-    first = tl.arange(0, half)[None, :]
-    q_rows = q_ptr + split * stride_q_split + seq * stride_q_seq + heads * stride_q_head + first
-    made = rows < tl.where(start < end, GROUP, 0)  # the group's rows, where the split holds keys
-    tl.store(q_rows, q1.to(dtype), mask=made)
-    tl.store(q_rows + half, q2.to(dtype), mask=made)
+    # The halves side by side, rounded as q would be stored, the group repeated down m08's GROUP_ROWS (at least 16:
+    # a dot's least M) and every row past the group zeroed, as m08 loads q.
+    q = tl.reshape(tl.permute(tl.join(q1.to(dtype), q2.to(dtype)), (0, 2, 1)), [GROUP_POW2, HEAD_DIM])
+    q = tl.reshape(tl.broadcast_to(q[None, :, :], [GROUP_ROWS // GROUP_POW2, GROUP_POW2, HEAD_DIM]),
+                   [GROUP_ROWS, HEAD_DIM])
+    q = tl.where((tl.arange(0, GROUP_ROWS) < GROUP)[:, None], q, tl.zeros_like(q))
     if stores_kv:
         rotated1, rotated2 = qk_norm_rope_values(k1, k2, token, k_head, weight_ptr, cos_ptr, sin_ptr, positions_ptr,
                                                  eps, stride_rope_table, HEAD_DIM, half)
@@ -105,13 +97,11 @@ def _rope_decode_kernel(
                            stride_k_row, k_scale_ptr, HEAD_DIM, half, KV_FP8, ROUND_FIRST)
         store_head_at_slot(v1, v2, token, kv_head, v_cache_ptr, slot_ptr, stride_v_row, v_scale_ptr, HEAD_DIM, half,
                            KV_FP8, ROUND_FIRST)
-    tl.debug_barrier()  # the program's stores above, before any of its threads loads q or the keys
-
-    _decode_heads(q_ptr + split * stride_q_split, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr,
-                  out_ptr, lse_ptr, scale_log2, num_splits, max_blocks, stride_q_seq, stride_q_head,
-                  stride_k_block, stride_k_slot, stride_k_head, stride_v_block, stride_v_slot, stride_v_head,
-                  stride_table, stride_out_seq, stride_out_head, stride_out_split, GROUP, GROUP_ROWS, HEAD_DIM,
-                  BLOCK_SIZE, TILE, SPLIT, DOT_FP32, IEEE, k_scale_ptr, v_scale_ptr, KV_FP8, FP8_WORDS, PTX)
+        tl.debug_barrier()  # every thread's stores, before any thread of the program loads the keys
+    decode_keys(q, start, end, next_blocks, k_cache_ptr, v_cache_ptr, block_tables_ptr, out_ptr, lse_ptr,
+                scale_log2, num_splits, stride_k_block, stride_k_slot, stride_k_head, stride_v_block, stride_v_slot,
+                stride_v_head, stride_table, stride_out_seq, stride_out_head, stride_out_split, GROUP, GROUP_ROWS,
+                HEAD_DIM, BLOCK_SIZE, TILE, SPLIT, DOT_FP32, IEEE, k_scale_ptr, v_scale_ptr, KV_FP8, FP8_WORDS, PTX)
 
 
 def rope_decode_attention(attention: GraphDecodeAttention, layer: int, qkv: SlicedSums, num_heads: int,
@@ -126,21 +116,17 @@ def rope_decode_attention(attention: GraphDecodeAttention, layer: int, qkv: Slic
     cache = attention.cache
     slots = CacheSlots(cache.k[layer], cache.v[layer], attention.slot_mapping, **cache.kernel_scales(layer))
     row_strides = slots.row_strides(tokens, num_kv_heads, head_dim, qkv.dtype, qkv.parts.device)
-    kv_fp8 = slots.k_cache.dtype == FP8_DTYPE
-    # The launch m08's wrapper would choose, chosen here: the scratch holds a row of q for each split.
-    config, num_splits = choose_launch(tokens, num_kv_heads, max(1, attention.max_context_len),
-                                       sm_count(qkv.parts.device), FP8_LAUNCH_TABLE if kv_fp8 else LAUNCH_TABLE)
-    scratch = torch.empty((num_splits, tokens, num_heads, head_dim), dtype=qkv.dtype, device=qkv.parts.device)
+    q_like = torch.empty((tokens, num_heads, head_dim), dtype=qkv.dtype, device=qkv.parts.device)  # never written
     squares = qkv.row_squares
     parts = 0 if squares is None else squares.shape[1]
-    group = num_heads // num_kv_heads
     rope_args = dict(
         parts_ptr=qkv.parts, weight_ptr=norm_weight, cos_ptr=cos, sin_ptr=signed_sin, positions_ptr=positions,
-        slot_ptr=slots.slot_mapping, eps=eps, rsq_ptr=scratch if squares is None else squares, x_eps=qkv.eps,
+        slot_ptr=slots.slot_mapping, eps=eps, rsq_ptr=qkv.parts if squares is None else squares, x_eps=qkv.eps,
         x_dim=qkv.x_dim, stride_slice=qkv.parts.stride(0), stride_pm=qkv.parts.stride(1),
         stride_rope_table=cos.stride(0), stride_rsq=0 if squares is None else squares.stride(0),
-        stride_q_split=scratch.stride(0), stride_k_row=row_strides[0], stride_v_row=row_strides[1], SLICES=slices,
-        HEADS=num_heads, ROW_NORM_PARTS=parts, ROW_NORM_POW2=triton.next_power_of_2(max(parts, 1)),
-        GROUP_POW2=triton.next_power_of_2(group), ROUND_FIRST=kv_fp8 and runs_interpreted(qkv.parts.device))
-    return attention.decode(layer, scratch[0], num_splits=num_splits, config=config, kernel=_rope_decode_kernel,
-                            kernel_args=rope_args, **cache.kernel_scales(layer))
+        stride_k_row=row_strides[0], stride_v_row=row_strides[1], SLICES=slices, HEADS=num_heads,
+        ROW_NORM_PARTS=parts, ROW_NORM_POW2=triton.next_power_of_2(max(parts, 1)),
+        GROUP_POW2=triton.next_power_of_2(num_heads // num_kv_heads),
+        ROUND_FIRST=slots.k_cache.dtype == torch.float8_e4m3fn and runs_interpreted(qkv.parts.device))
+    return attention.decode(layer, q_like, kernel=_rope_decode_kernel, kernel_args=rope_args,
+                            **cache.kernel_scales(layer))
