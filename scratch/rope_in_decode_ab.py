@@ -2,7 +2,8 @@
 registers beside m08's first loads (its body a jit function, decode_keys), against its own launch before the decode kernel: the batch-1, -2 and -4 step at 512 keys and the batch-1 step at 4,096 (quant_step, 5 interleaved
 rounds).
 
-    python3 scratch/rope_in_decode_ab.py OUT_DIR
+    python3 scratch/rope_in_decode_ab.py OUT_DIR             # the step, interleaved
+    python3 scratch/rope_in_decode_ab.py OUT_DIR --profile   # its kernels at one row (step_kernels.py), int4 both ways
 """
 
 from __future__ import annotations
@@ -26,6 +27,10 @@ def main(out_dir: str) -> None:
     for mode in ("int4-rope-launch",):
         quant_step.MODES.setdefault(mode, quant_step.MODES["int4"])
     quant_step.build = build
+    if "--profile" in sys.argv:
+        from scratch import step_kernels
+        step_kernels.main(f"{out_dir}/m13_step_kernels_rope_in_decode.json", [1], ["int4", "int4-rope-launch"])
+        return
     modes = "bf16,int4,int4-rope-launch"
     quant_step.main(["--modes", modes, "--batches", "1,2,4", "--rounds", "5",
                      "--out", f"{out_dir}/m13_step_times_rope_in_decode_registers.json"])
