@@ -38,22 +38,6 @@ from milestones.m12_async_scheduling.fused_kernels import qk_norm_rope_values
 from .kv_at_rope import CacheSlots, store_head_at_slot
 from .sliced_sums import SlicedSums, head_from_slices
 
-PREFETCH_FIRST_TILE = True  # the first tile's K/V asked of L2 before q is made (compiled kernels: PTX)
-
-
-@triton.jit
-def _prefetch_tile(head_ptr, block, slot, valid, stride_block, stride_slot, HEAD_DIM: tl.constexpr,
-                   FP8_WORDS: tl.constexpr):
-    """Ask L2 for a ``[TILE, head_dim]`` tile's 128-byte lines (``prefetch.global.L2``: nothing waits for it)."""
-    if FP8_WORDS:  # m08's strides of an FP8 cache count int16 words
-        head_ptr = head_ptr.to(tl.pointer_type(tl.int16), bitcast=True)
-    per_line: tl.constexpr = 1024 // head_ptr.dtype.element_ty.primitive_bitwidth
-    row: tl.constexpr = HEAD_DIM // 2 if FP8_WORDS else HEAD_DIM
-    lines = tl.arange(0, max(1, row // per_line)) * per_line
-    line_ptrs = head_ptr + (block * stride_block + slot * stride_slot)[:, None] + lines[None, :]
-    tl.inline_asm_elementwise("@$2 prefetch.global.L2 [$1];\n mov.u32 $0, 0;", "=r,l,b", [line_ptrs, valid[:, None]],
-                              dtype=tl.int32, is_pure=False, pack=1)
-
 
 @device_kernel
 @triton.jit(do_not_specialize=["num_splits", "max_blocks", "stride_table"])
@@ -72,7 +56,7 @@ def _rope_decode_kernel(
     parts_ptr, weight_ptr, cos_ptr, sin_ptr, positions_ptr, slot_ptr, eps, rsq_ptr, x_eps, x_dim, stride_slice,
     stride_pm, stride_rope_table, stride_rsq, stride_k_row, stride_v_row,
     SLICES: tl.constexpr, HEADS: tl.constexpr, ROW_NORM_PARTS: tl.constexpr, ROW_NORM_POW2: tl.constexpr,
-    GROUP_POW2: tl.constexpr, ROUND_FIRST: tl.constexpr, PREFETCH: tl.constexpr,
+    GROUP_POW2: tl.constexpr, ROUND_FIRST: tl.constexpr,
 ):
     """One (sequence, K/V head, split): m08's program, its query rows made from the slices instead of loaded, and
     the new K/V stored first by the split whose keys hold the last one."""
@@ -98,12 +82,6 @@ def _rope_decode_kernel(
     v1, v2 = head_from_slices(parts_ptr, token, k_head + tl.num_programs(1), stride_pm, stride_slice, rsq_ptr,
                               stride_rsq, x_dim, x_eps, dtype, stores_kv, SLICES, HEAD_DIM, half, ROW_NORM_PARTS,
                               ROW_NORM_POW2)
-    if PREFETCH:  # the first tile's K/V lines on their way to L2 while q is made, before m08's loads ask for them
-        keys = start + tl.arange(0, TILE)
-        _prefetch_tile(k_cache_ptr + kv_head * stride_k_head, next_blocks.to(tl.int64), keys % BLOCK_SIZE,
-                       keys < end, stride_k_block, stride_k_slot, HEAD_DIM, FP8_WORDS)
-        _prefetch_tile(v_cache_ptr + kv_head * stride_v_head, next_blocks.to(tl.int64), keys % BLOCK_SIZE,
-                       keys < end, stride_v_block, stride_v_slot, HEAD_DIM, FP8_WORDS)
     q1, q2 = qk_norm_rope_values(x1, x2, token, heads, weight_ptr, cos_ptr, sin_ptr, positions_ptr, eps,
                                  stride_rope_table, HEAD_DIM, half)
     # The halves side by side, rounded as q would be stored, the group repeated down m08's GROUP_ROWS (at least 16:
@@ -149,7 +127,6 @@ def rope_decode_attention(attention: GraphDecodeAttention, layer: int, qkv: Slic
         stride_k_row=row_strides[0], stride_v_row=row_strides[1], SLICES=slices, HEADS=num_heads,
         ROW_NORM_PARTS=parts, ROW_NORM_POW2=triton.next_power_of_2(max(parts, 1)),
         GROUP_POW2=triton.next_power_of_2(num_heads // num_kv_heads),
-        ROUND_FIRST=slots.k_cache.dtype == torch.float8_e4m3fn and runs_interpreted(qkv.parts.device),
-        PREFETCH=PREFETCH_FIRST_TILE and not runs_interpreted(qkv.parts.device))
+        ROUND_FIRST=slots.k_cache.dtype == torch.float8_e4m3fn and runs_interpreted(qkv.parts.device))
     return attention.decode(layer, q_like, kernel=_rope_decode_kernel, kernel_args=rope_args,
                             **cache.kernel_scales(layer))
