@@ -1,8 +1,11 @@
-"""m13's q/k norm + RoPE writing K/V into the paged cache (``kv_at_rope.py``) instead of m08's store launch.
+"""m13's q/k norm + RoPE writing K/V into the paged cache (``kv_at_rope.py``) instead of m08's store launch, and
+done inside the decode kernel's programs (``rope_in_decode.py``) instead of a kernel of its own.
 
 The checks: the kernel leaves the cache as RoPE then ``store_kv`` leave it, to the bit, in the model's dtype and
-in FP8, and a padding row (slot -1) writes nothing; the decoder of a decode graph launches no store and gives
-the same output and the same cache as with the store; bad caches are refused with a clear error.
+in FP8, and a padding row (slot -1) writes nothing; the decode kernel that makes q itself leaves the same cache and
+gives the same heads as RoPE then m08's decode, split or not, where the new key is a split's last or a sequence's
+only key; the decoder of a decode graph launches neither the store nor (by default) RoPE's kernel and gives the
+same output and the same cache as with both; bad caches and slices are refused with a clear error.
 """
 
 from __future__ import annotations
@@ -86,8 +89,10 @@ def test_rope_refuses_a_cache_it_cannot_write():
 def test_the_decode_graphs_decoder_launches_no_store(fp8, monkeypatch):
     """The decoder of m13's decode graphs at two rows (the second a graph's padding row: slot -1, no keys), int4
     on dp4a (q/k/v leaves its slices after the deferred norm), over a real paged cache, bf16 or FP8 with scales
-    of its own: with RoPE writing K/V no store is launched, and the output and both caches are the same to the
-    bit as with m08's store. An attention that is not a decode graph's (a plain function) gets k and v as in m12."""
+    of its own: with RoPE inside the decode kernel (the default) neither RoPE's kernel nor a store is launched,
+    with RoPE writing K/V no store, and the output and both caches are the same to the bit as with both kernels
+    (here a group of 2 heads sums its squares as one head does). An attention that is not a decode graph's (a
+    plain function) gets k and v as in m12."""
     from milestones.m01_naive_loop.loader import build_model, init_random_, preset_config
     from milestones.m05_paged_blocks.paged_attention import PagedKVCache
     from milestones.m08_triton_kernel import store_kv_kernel
@@ -105,9 +110,13 @@ def test_the_decode_graphs_decoder_launches_no_store(fp8, monkeypatch):
     decoder = EpilogueCausalLM(quantize_model_(model, "int4", "triton"))
     stores, store = [], store_kv_kernel.store_kv
     monkeypatch.setattr(store_kv_kernel, "store_kv", lambda *args, **kw: stores.append(1) or store(*args, **kw))
+    ropes, rope = [], epilogue_layers.sliced_qk_norm_rope
+    monkeypatch.setattr(epilogue_layers, "sliced_qk_norm_rope", lambda *a, **kw: ropes.append(1) or rope(*a, **kw))
     results = {}
-    for run, at_rope in (("rope", True), ("store", False), ("plain function", True)):
+    for run, at_rope, in_decode in (("in decode", True, True), ("rope", True, False), ("store", False, False),
+                                    ("plain function", True, True)):
         monkeypatch.setattr(epilogue_layers, "ROPE_STORES_KV", at_rope)
+        monkeypatch.setattr(epilogue_layers, "ROPE_IN_DECODE", in_decode)
         cache = (FP8PagedKVCache if fp8 else PagedKVCache)(2, 4, 16, 1, 128, torch.bfloat16, DEVICE)
         if fp8:
             cache.k_scale.copy_(torch.tensor([0.02, 0.03]))
@@ -121,15 +130,18 @@ def test_the_decode_graphs_decoder_launches_no_store(fp8, monkeypatch):
                                      torch.tensor([41, 0], dtype=torch.int32, device=DEVICE), 4096)
         attention = (lambda *args: graph(*args)) if run == "plain function" else graph
         stores.clear()
+        ropes.clear()
         with torch.no_grad():
             out = decoder(torch.tensor([5, 9], device=DEVICE), torch.tensor([40, 0], device=DEVICE), attention)
-        results[run] = out, cache.k.clone(), cache.v.clone(), len(stores), before
-    assert [results[run][3] for run in ("rope", "store", "plain function")] == [0, 2, 2]  # a store a layer, or none
-    for run in ("store", "plain function"):
+        results[run] = out, cache.k.clone(), cache.v.clone(), (len(stores), len(ropes)), before
+    # a store a layer, or none; RoPE's kernel a layer, or none (in the decode kernel)
+    launches = {run: results[run][3] for run in results}
+    assert launches == {"in decode": (0, 0), "rope": (0, 2), "store": (2, 2), "plain function": (2, 2)}
+    for run in ("rope", "store", "plain function"):
         assert all(torch.equal(a.view(torch.uint8) if a.dtype == torch.float8_e4m3fn else a,
                                b.view(torch.uint8) if b.dtype == torch.float8_e4m3fn else b)
-                   for a, b in zip(results["rope"][:3], results[run][:3]))
-    k_after, k_before = (t.view(torch.uint8) for t in (results["rope"][1], results["rope"][4]))
+                   for a, b in zip(results["in decode"][:3], results[run][:3]))
+    k_after, k_before = (t.view(torch.uint8) for t in (results["in decode"][1], results["in decode"][4]))
     assert not torch.equal(k_after[:, 40], k_before[:, 40])  # slot 40 was written
 
 

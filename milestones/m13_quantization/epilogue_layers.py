@@ -42,6 +42,8 @@ On ``dp4a`` (1-4 rows) two more things move out of the GEMVs and the norms:
 On the H200 the two took the batch-1 step from 2.18x bf16's to 2.24x and then 2.34x (the journal's fifteenth and
 sixteenth guesses). With ``ROPE_STORES_KV`` q/k norm + RoPE also writes K/V into a decode graph's cache, and the
 graph's store launch goes (``kv_at_rope.py``, through m12's ``attend_qkv``): 2.36x (the seventeenth, call 99).
+With ``ROPE_IN_DECODE`` the decode kernel's programs do that work themselves (``rope_in_decode.py``): one kernel a
+layer fewer, 16-26 µs a step at one row (the twenty-third guess, calls 122-127).
 """
 
 from __future__ import annotations
@@ -86,8 +88,10 @@ DEFERRED_NORM_MAX_ROWS = 4
 # On since call 99 timed it: the batch-1 step 2.116 ms against 2.136 with the store's launch, 2.36x bf16's against
 # 2.34x (results/h200/m13_step_times+rope-kv.json)
 ROPE_STORES_KV = True
-# With ROPE_STORES_KV, the decode kernel's programs do q/k norm + RoPE and the K/V store themselves, one launch fewer
-# a layer (rope_in_decode.py)
+# With ROPE_STORES_KV, the decode kernel's programs do q/k norm + RoPE and the K/V store themselves (rope_in_decode.py).
+# On since call 127 timed it: the batch-1 step 2.036 ms against 2.054 with RoPE's kernel, 2.44x bf16's against 2.42x;
+# 2 rows 2.332 against 2.366, 4 rows 3.257 against 3.288, 4,096 keys 2.176 against 2.198
+# (results/h200/m13_step_times+rope-in-decode-prefetch*.json, the int4-no-prefetch mode)
 ROPE_IN_DECODE = True
 
 

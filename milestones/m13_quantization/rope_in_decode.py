@@ -1,27 +1,32 @@
-"""q/k norm + RoPE done by the decode kernel's own programs, not by a launch before it.
+"""q/k norm + RoPE done by the decode kernel's own programs, not by a kernel before it.
 
 At batch 1 a decode graph runs, per layer, q/k/v's GEMV, then q/k norm + RoPE over its slices (which also writes
 the token's K/V into the cache, ``kv_at_rope.py``), then m08's decode kernel, then the combine. The RoPE kernel is
-a chain of latencies: the slices' loads, a norm, a rotation, the stores; about 2 µs of GPU time, and each launch
-in the graph costs the step about 2.4 µs a layer (call 120 captured the graph without it: 2.49x bf16's step
-against 2.39x). Its work is small enough to repeat: every decode program needs only its own query heads, and only
-one program of each K/V head reads the new key. So the decode kernel's programs make them::
+a chain of latencies (the slices' loads, the norm, the rotation, the stores): 2.0 µs a layer on the H200, and the
+step without it would be 87 µs shorter (call 120's ceiling). Its work is small enough to repeat: each decode program
+needs only its own K/V head's group of query heads, and only one program of each K/V head reads the new key::
 
-    before:  q = rope(slices), K/V -> cache;       out = decode(q, cache)           two launches
-    here:    each (sequence, K/V head, split) program:
-               its GROUP query heads = rope(slices)           (every split makes them again: 4 heads, 1 KB)
-               the split that holds the last key: K/V -> cache, for its K/V head
-               a barrier, then m08's decode over the cache     one launch
+    before:  q = rope(slices), K/V -> cache;          out = decode(q, cache)            two kernels
+    here:    each (sequence, K/V head, split) program that holds keys:
+               q (its group: 4 query heads in Qwen3-8B) = rope(slices), in registers
+               the split that holds the last key: K/V -> cache, then a barrier
+               m08's loop over its keys with that q                                   one kernel
 
-The program hands q to m08's kernel, inlined whole (``_paged_decode_kernel`` is a ``@triton.jit`` function, so
-a kernel may call it), through a scratch row of its own ``[split, sequence, heads, dim]``: its threads store the
-rows in one layout and read them in another. ``tl.debug_barrier()`` (``bar.sync``) orders those stores, and the
-new key's, before every thread's loads, and makes them visible to the whole program; no other program reads them.
+m08's kernel is three ``@triton.jit`` functions around a short kernel (``split_keys``, ``first_blocks``,
+``decode_keys``), so this kernel calls the same code, with q made where m08 loads it. Its loads that wait only for
+the sequence's length (the slices, beside m08's first tile's blocks) go out together; a split that holds no keys
+(41 of 49 at 512 keys, in a graph that serves 4,096) makes no q. ``tl.debug_barrier()`` (``bar.sync``) orders the
+K/V stores of the program that makes them before any of its threads loads the keys; no other program reads them.
 
-The values are the same arithmetic as ``sliced_sums.py``'s kernel: the slices added in slice order, times the
-deferred 1 / rms, rounded as the GEMV would have stored them, normalised and rotated with m12's
-``qk_norm_rope_values`` (here on ``[GROUP, HALF]`` rows at once), K/V stored as ``store_head_at_slot`` stores them.
-``epilogue_layers.py`` uses it where ``ROPE_IN_DECODE`` says, in a decode graph whose q/k/v left its slices.
+The values are ``sliced_sums.py``'s arithmetic: the slices added in slice order, times the deferred 1 / rms,
+rounded as the GEMV would have stored them, normalised and rotated with m12's ``qk_norm_rope_values`` (here on a
+``[group, HALF]`` block of heads, whose squares a GPU may add in another order: q's last bit can differ), K/V
+stored as ``store_head_at_slot`` stores them. ``epilogue_layers.py`` uses it where ``ROPE_IN_DECODE`` says.
+
+What it buys is less than the ceiling: one kernel does what two did, one chain after the other. On the H200 the
+fused kernel took 6.74 µs a layer against 4.79 + 2.04 for the two (call 126's profile), and the batch-1 step
+16-26 µs less than with RoPE's kernel (2.44x bf16's against 2.42x, call 127), 35-48 µs at two and four rows
+(the journal's twenty-third guess).
 """
 
 from __future__ import annotations
