@@ -43,6 +43,8 @@ from milestones.m12_async_scheduling.fused_kernels import qk_norm_rope_values
 from .kv_at_rope import CacheSlots, store_head_at_slot
 from .sliced_sums import SlicedSums, head_from_slices
 
+Q_IN_EVERY_SPLIT = True
+
 
 @device_kernel
 @triton.jit(do_not_specialize=["num_splits", "max_blocks", "stride_table"])
@@ -61,7 +63,7 @@ def _rope_decode_kernel(
     parts_ptr, weight_ptr, cos_ptr, sin_ptr, positions_ptr, slot_ptr, eps, rsq_ptr, x_eps, x_dim, stride_slice,
     stride_pm, stride_rope_table, stride_rsq, stride_k_row, stride_v_row,
     SLICES: tl.constexpr, HEADS: tl.constexpr, ROW_NORM_PARTS: tl.constexpr, ROW_NORM_POW2: tl.constexpr,
-    GROUP_POW2: tl.constexpr, ROUND_FIRST: tl.constexpr,
+    GROUP_POW2: tl.constexpr, ROUND_FIRST: tl.constexpr, EVERY_SPLIT: tl.constexpr,
 ):
     """One (sequence, K/V head, split): m08's program, its query rows made from the slices instead of loaded, and
     the new K/V stored first by the split whose keys hold the last one."""
@@ -79,8 +81,10 @@ def _rope_decode_kernel(
     stores_kv = (start < end) & (end == context_len)  # the split that holds the last key
     rows = tl.arange(0, GROUP_POW2)[:, None]
     heads = kv_head * GROUP + tl.minimum(rows, GROUP - 1)  # padding rows repeat the last head (zeroed below)
+    # Every split loads q's slices without waiting for the length (EVERY_SPLIT), or only those that hold keys.
+    makes_q = (seq >= 0) if EVERY_SPLIT else (start < end)
     x1, x2 = head_from_slices(parts_ptr, token, heads, stride_pm, stride_slice, rsq_ptr, stride_rsq, x_dim, x_eps,
-                              dtype, start < end, SLICES, HEAD_DIM, half, ROW_NORM_PARTS, ROW_NORM_POW2)
+                              dtype, makes_q, SLICES, HEAD_DIM, half, ROW_NORM_PARTS, ROW_NORM_POW2)
     k_head = HEADS + kv_head
     k1, k2 = head_from_slices(parts_ptr, token, k_head, stride_pm, stride_slice, rsq_ptr, stride_rsq, x_dim, x_eps,
                               dtype, stores_kv, SLICES, HEAD_DIM, half, ROW_NORM_PARTS, ROW_NORM_POW2)
@@ -132,6 +136,7 @@ def rope_decode_attention(attention: GraphDecodeAttention, layer: int, qkv: Slic
         stride_k_row=row_strides[0], stride_v_row=row_strides[1], SLICES=slices, HEADS=num_heads,
         ROW_NORM_PARTS=parts, ROW_NORM_POW2=triton.next_power_of_2(max(parts, 1)),
         GROUP_POW2=triton.next_power_of_2(num_heads // num_kv_heads),
-        ROUND_FIRST=slots.k_cache.dtype == torch.float8_e4m3fn and runs_interpreted(qkv.parts.device))
+        ROUND_FIRST=slots.k_cache.dtype == torch.float8_e4m3fn and runs_interpreted(qkv.parts.device),
+        EVERY_SPLIT=Q_IN_EVERY_SPLIT)
     return attention.decode(layer, q_like, kernel=_rope_decode_kernel, kernel_args=rope_args,
                             **cache.kernel_scales(layer))
