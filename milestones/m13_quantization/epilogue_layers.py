@@ -43,7 +43,7 @@ On the H200 the two took the batch-1 step from 2.18x bf16's to 2.24x and then 2.
 sixteenth guesses). With ``ROPE_STORES_KV`` q/k norm + RoPE also writes K/V into a decode graph's cache, and the
 graph's store launch goes (``kv_at_rope.py``, through m12's ``attend_qkv``): 2.36x (the seventeenth, call 99).
 With ``ROPE_IN_DECODE`` the decode kernel's programs do that work themselves (``rope_in_decode.py``): one kernel a
-layer fewer, 16-26 µs a step at one row (the twenty-third guess, calls 122-127).
+layer fewer, 23 µs a step at one row (the twenty-third guess, calls 122-128).
 """
 
 from __future__ import annotations
@@ -89,9 +89,9 @@ DEFERRED_NORM_MAX_ROWS = 4
 # 2.34x (results/h200/m13_step_times+rope-kv.json)
 ROPE_STORES_KV = True
 # With ROPE_STORES_KV, the decode kernel's programs do q/k norm + RoPE and the K/V store themselves (rope_in_decode.py).
-# On since call 127 timed it: the batch-1 step 2.036 ms against 2.054 with RoPE's kernel, 2.44x bf16's against 2.42x;
-# 2 rows 2.332 against 2.366, 4 rows 3.257 against 3.288, 4,096 keys 2.176 against 2.198
-# (results/h200/m13_step_times+rope-in-decode-prefetch*.json, the int4-no-prefetch mode)
+# On since calls 125-128 timed it: the batch-1 step 2.026 ms against 2.049 with RoPE's kernel, 2.46x bf16's against
+# 2.43x, 2 rows 2.314 against 2.355 (call 128, m13_step_times+rope-in-decode-every-split.json); 4 rows 3.257 against
+# 3.288, 4,096 keys 2.176 against 2.198 (call 127, before every split made q: +rope-in-decode-prefetch*.json)
 ROPE_IN_DECODE = True
 
 

@@ -13,10 +13,11 @@ needs only its own K/V head's group of query heads, and only one program of each
                m08's loop over its keys with that q                                   one kernel
 
 m08's kernel is three ``@triton.jit`` functions around a short kernel (``split_keys``, ``first_blocks``,
-``decode_keys``), so this kernel calls the same code, with q made where m08 loads it. Its loads that wait only for
-the sequence's length (the slices, beside m08's first tile's blocks) go out together; a split that holds no keys
-(41 of 49 at 512 keys, in a graph that serves 4,096) makes no q. ``tl.debug_barrier()`` (``bar.sync``) orders the
-K/V stores of the program that makes them before any of its threads loads the keys; no other program reads them.
+``decode_keys``), so this kernel calls the same code, with q made where m08 loads it. The slices' loads go out
+with m08's first (the sequence's length), in every program: a split that holds no keys (41 of 49 at 512 keys, in
+a graph that serves 4,096) makes a q it never uses rather than make the others wait for the length.
+``tl.debug_barrier()`` (``bar.sync``) orders the K/V stores of the program that makes them before any of its
+threads loads the keys; no other program reads them.
 
 The values are ``sliced_sums.py``'s arithmetic: the slices added in slice order, times the deferred 1 / rms,
 rounded as the GEMV would have stored them, normalised and rotated with m12's ``qk_norm_rope_values`` (here on a
@@ -25,8 +26,8 @@ stored as ``store_head_at_slot`` stores them. ``epilogue_layers.py`` uses it whe
 
 What it buys is less than the ceiling: one kernel does what two did, one chain after the other. On the H200 the
 fused kernel took 6.74 µs a layer against 4.79 + 2.04 for the two (call 126's profile), and the batch-1 step
-16-26 µs less than with RoPE's kernel (2.44x bf16's against 2.42x, call 127), 35-48 µs at two and four rows
-(the journal's twenty-third guess).
+23 µs less than with RoPE's kernel (2.46x bf16's against 2.43x, call 128), 41 µs at two rows (the journal's
+twenty-third guess).
 """
 
 from __future__ import annotations
@@ -42,8 +43,6 @@ from milestones.m12_async_scheduling.fused_kernels import qk_norm_rope_values
 
 from .kv_at_rope import CacheSlots, store_head_at_slot
 from .sliced_sums import SlicedSums, head_from_slices
-
-Q_IN_EVERY_SPLIT = True
 
 
 @device_kernel
@@ -63,7 +62,7 @@ def _rope_decode_kernel(
     parts_ptr, weight_ptr, cos_ptr, sin_ptr, positions_ptr, slot_ptr, eps, rsq_ptr, x_eps, x_dim, stride_slice,
     stride_pm, stride_rope_table, stride_rsq, stride_k_row, stride_v_row,
     SLICES: tl.constexpr, HEADS: tl.constexpr, ROW_NORM_PARTS: tl.constexpr, ROW_NORM_POW2: tl.constexpr,
-    GROUP_POW2: tl.constexpr, ROUND_FIRST: tl.constexpr, EVERY_SPLIT: tl.constexpr,
+    GROUP_POW2: tl.constexpr, ROUND_FIRST: tl.constexpr,
 ):
     """One (sequence, K/V head, split): m08's program, its query rows made from the slices instead of loaded, and
     the new K/V stored first by the split whose keys hold the last one."""
@@ -73,18 +72,17 @@ def _rope_decode_kernel(
     token = seq.to(tl.int64)
     half: tl.constexpr = HEAD_DIM // 2
     dtype = q_ptr.dtype.element_ty
-    # m08's first loads (the length, then the first tile's blocks) go out beside the slices' (after the length: a
-    # split that holds no keys, 41 of 49 at 512 keys in a graph that serves 4,096, makes no q).
+    # m08's first loads (the length, then the first tile's blocks) go out beside the slices'.
     start, end, context_len = split_keys(context_lens_ptr, seq, split, num_splits, max_blocks, BLOCK_SIZE, TILE,
                                          SPLIT)
     next_blocks = first_blocks(block_tables_ptr, seq, stride_table, start, end, BLOCK_SIZE, TILE)
     stores_kv = (start < end) & (end == context_len)  # the split that holds the last key
     rows = tl.arange(0, GROUP_POW2)[:, None]
     heads = kv_head * GROUP + tl.minimum(rows, GROUP - 1)  # padding rows repeat the last head (zeroed below)
-    # Every split loads q's slices without waiting for the length (EVERY_SPLIT), or only those that hold keys.
-    makes_q = (seq >= 0) if EVERY_SPLIT else (start < end)
+    # Every split makes q, those without keys too: its loads then wait for nothing (only the length's would say
+    # which splits hold keys; waiting for it cost 9 µs a step, call 128).
     x1, x2 = head_from_slices(parts_ptr, token, heads, stride_pm, stride_slice, rsq_ptr, stride_rsq, x_dim, x_eps,
-                              dtype, makes_q, SLICES, HEAD_DIM, half, ROW_NORM_PARTS, ROW_NORM_POW2)
+                              dtype, True, SLICES, HEAD_DIM, half, ROW_NORM_PARTS, ROW_NORM_POW2)
     k_head = HEADS + kv_head
     k1, k2 = head_from_slices(parts_ptr, token, k_head, stride_pm, stride_slice, rsq_ptr, stride_rsq, x_dim, x_eps,
                               dtype, stores_kv, SLICES, HEAD_DIM, half, ROW_NORM_PARTS, ROW_NORM_POW2)
@@ -136,7 +134,6 @@ def rope_decode_attention(attention: GraphDecodeAttention, layer: int, qkv: Slic
         stride_k_row=row_strides[0], stride_v_row=row_strides[1], SLICES=slices, HEADS=num_heads,
         ROW_NORM_PARTS=parts, ROW_NORM_POW2=triton.next_power_of_2(max(parts, 1)),
         GROUP_POW2=triton.next_power_of_2(num_heads // num_kv_heads),
-        ROUND_FIRST=slots.k_cache.dtype == torch.float8_e4m3fn and runs_interpreted(qkv.parts.device),
-        EVERY_SPLIT=Q_IN_EVERY_SPLIT)
+        ROUND_FIRST=slots.k_cache.dtype == torch.float8_e4m3fn and runs_interpreted(qkv.parts.device))
     return attention.decode(layer, q_like, kernel=_rope_decode_kernel, kernel_args=rope_args,
                             **cache.kernel_scales(layer))
