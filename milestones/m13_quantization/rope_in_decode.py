@@ -26,7 +26,7 @@ stored as ``store_head_at_slot`` stores them. ``epilogue_layers.py`` uses it whe
 
 What it buys is less than the ceiling: one kernel does what two did, one chain after the other. On the H200 the
 fused kernel took 6.74 µs a layer against 4.79 + 2.04 for the two (call 126's profile), and the batch-1 step
-23 µs less than with RoPE's kernel (2.46x bf16's against 2.43x, call 128), 41 µs at two rows (the journal's
+22 µs less than with RoPE's kernel (2.46x bf16's against 2.43x, call 128), 41 µs at two rows (the journal's
 twenty-third guess).
 """
 
