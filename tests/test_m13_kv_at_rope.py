@@ -147,8 +147,9 @@ def test_the_decode_graphs_decoder_launches_no_store(fp8, monkeypatch):
 
 def _decode_case(fp8: bool, max_context_len: int):
     """A graph's attention over one layer of a paged cache (bf16, or FP8 with scales) for three rows: a sequence of
-    200 keys, one whose only key is the new one (its output is that token's V, so a key read before it was stored
-    shows), and a padding row (no keys, slot -1); the new keys' slots are where the block tables put key ``n - 1``."""
+    200 keys, one whose only key is the new one (its output is that token's V), and a padding row (no keys, slot -1);
+    the new keys' slots are where the block tables put key ``n - 1``, and hold NaN until the step writes them: a
+    key read before its store shows on a GPU, when that race happens (the interpreter runs programs in turn)."""
     from milestones.m05_paged_blocks.paged_attention import PagedKVCache
     from milestones.m10_cuda_graphs.graph_runner import GraphDecodeAttention
     from milestones.m13_quantization.fp8_kv_cache import FP8PagedKVCache
@@ -165,6 +166,8 @@ def _decode_case(fp8: bool, max_context_len: int):
     tables[1, 0] = int(torch.arange(16)[~torch.isin(torch.arange(16), tables[0, :13].long())][0])
     lengths = torch.tensor([200, 1, 0], dtype=torch.int32)
     slots = torch.tensor([int(tables[0, 199 // 16]) * 16 + 199 % 16, int(tables[1, 0]) * 16, -1])
+    for filled in (cache.k, cache.v):  # the new keys' slots hold NaN until the step writes them
+        filled[0, slots[:2].to(DEVICE)] = torch.tensor(float("nan")).to(filled.dtype).to(DEVICE)
     return GraphDecodeAttention(cache, slots.to(DEVICE), tables.to(DEVICE), lengths.to(DEVICE), max_context_len)
 
 

@@ -7,7 +7,7 @@ step without it would be 87 µs shorter (call 120's ceiling). Its work is small 
 needs only its own K/V head's group of query heads, and only one program of each K/V head reads the new key::
 
     before:  q = rope(slices), K/V -> cache;          out = decode(q, cache)            two kernels
-    here:    each (sequence, K/V head, split) program that holds keys:
+    here:    each (sequence, K/V head, split) program:
                q (its group: 4 query heads in Qwen3-8B) = rope(slices), in registers
                the split that holds the last key: K/V -> cache, then a barrier
                m08's loop over its keys with that q                                   one kernel
@@ -15,7 +15,8 @@ needs only its own K/V head's group of query heads, and only one program of each
 m08's kernel is three ``@triton.jit`` functions around a short kernel (``split_keys``, ``first_blocks``,
 ``decode_keys``), so this kernel calls the same code, with q made where m08 loads it. The slices' loads go out
 with m08's first (the sequence's length), in every program: a split that holds no keys (41 of 49 at 512 keys, in
-a graph that serves 4,096) makes a q it never uses rather than make the others wait for the length.
+a graph that serves 4,096) makes a q it never uses, rather than every program waiting for the length before it
+loads the slices.
 ``tl.debug_barrier()`` (``bar.sync``) orders the K/V stores of the program that makes them before any of its
 threads loads the keys; no other program reads them.
 
@@ -25,7 +26,8 @@ rounded as the GEMV would have stored them, normalised and rotated with m12's ``
 stored as ``store_head_at_slot`` stores them. ``epilogue_layers.py`` uses it where ``ROPE_IN_DECODE`` says.
 
 What it buys is less than the ceiling: one kernel does what two did, one chain after the other. On the H200 the
-fused kernel took 6.74 µs a layer against 4.79 + 2.04 for the two (call 126's profile), and the batch-1 step
+fused kernel took 6.74 µs a layer against 4.79 + 2.04 for the two (call 126's profile, of a version where only the
+splits that hold keys made q), and the batch-1 step
 22 µs less than with RoPE's kernel (2.46x bf16's against 2.43x, call 128), 41 µs at two rows (the journal's
 twenty-third guess).
 """
