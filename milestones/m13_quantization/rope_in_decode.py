@@ -26,10 +26,9 @@ rounded as the GEMV would have stored them, normalised and rotated with m12's ``
 stored as ``store_head_at_slot`` stores them. ``epilogue_layers.py`` uses it where ``ROPE_IN_DECODE`` says.
 
 What it buys is less than the ceiling: one kernel does what two did, one chain after the other. On the H200 the
-fused kernel took 6.74 µs a layer against 4.79 + 2.04 for the two (call 126's profile, of a version where only the
-splits that hold keys made q), and the batch-1 step
-22 µs less than with RoPE's kernel (2.46x bf16's against 2.43x, call 128), 41 µs at two rows (the journal's
-twenty-third guess).
+fused kernel took 6.74 µs a layer against 4.79 + 2.04 for the two (call 126's profile, one run, of a version where
+only the splits that hold keys made q), and the batch-1 step 22 µs less than with RoPE's kernel (2.46x bf16's
+against 2.43x, call 128), 41 µs at two rows (the journal's twenty-third guess).
 """
 
 from __future__ import annotations
