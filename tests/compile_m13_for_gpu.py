@@ -95,7 +95,8 @@ def matmul_jobs(candidates: bool, quick: bool = False):
 
 
 def readers_jobs(x, w, s, m, hidden, dtype, config):
-    """int4 on dp4a: a GEMV leaving its slices, the norms that add them (exact and deferred), gate_up's GEMV and
+    """int4 on dp4a: a GEMV leaving its slices, the norms that add them (exact and deferred, or the deferred one in
+    the GEMV's finish: ``gemv_epilogues.deferred_norm_when_last``), gate_up's GEMV and
     q/k norm + RoPE reading the deferred norm's rows (``sliced_sums.py``, ``deferred_norm.py``), also writing K/V
     into a cache (``kv_at_rope.py``), or inside the decode kernel (``rope_in_decode.py``)."""
     from milestones.m05_paged_blocks.paged_attention import PagedKVCache
@@ -110,6 +111,8 @@ def readers_jobs(x, w, s, m, hidden, dtype, config):
     sums = epilogue_matmuls.quantized_matmul_slices(x, w, s, "int4", config=config, split_k=4)
     integer_norm.add_rms_norm_int16(sums, zeros(), torch.ones(hidden, dtype=dtype), 1e-6)
     rows = deferred_norm.deferred_add_rms_norm(sums, zeros(), torch.ones(hidden, dtype=dtype), 1e-6)
+    epilogue_matmuls.quantized_deferred_add_norm(x, w, s, "int4", zeros(), torch.ones(hidden, dtype=dtype), 1e-6,
+                                                 config=config, split_k=4)  # the same norm in the GEMV's finish
     epilogue_matmuls.quantized_silu_and_mul(rows, w, s, "int4", config=config)
     epilogue_matmuls.quantized_silu_and_mul_int16(rows, w, s, "int4")  # a group a program (SILU_WORDS_GEMV)
     heads, kv_heads, dim = 24, 4, 128  # q/k/v: 4,096 outputs

@@ -57,8 +57,8 @@ from milestones.m12_async_scheduling.fused_kernels import add_rms_norm
 from milestones.m12_async_scheduling.fused_layers import FusedCausalLM, FusedQwen3Model
 
 from .deferred_norm import DeferredRows, deferred_add_rms_norm
-from .epilogue_matmuls import (deferred_matmul_slices, quantized_add_rms_norm, quantized_matmul_slices,
-                               quantized_silu_and_mul, quantized_silu_and_mul_int16)
+from .epilogue_matmuls import (deferred_matmul_slices, quantized_add_rms_norm, quantized_deferred_add_norm,
+                               quantized_matmul_slices, quantized_silu_and_mul, quantized_silu_and_mul_int16)
 from .integer_heads import IntegerHeadsAttention
 from .integer_norm import IntegerRows, add_rms_norm_int16
 from .kv_at_rope import CacheSlots
@@ -84,6 +84,9 @@ ROPE_ADDS_SLICES_MAX_ROWS = 4  # after a deferred norm q/k/v leaves its slices w
 # The norm before q/k/v and gate_up run as 8 programs a row, with 1 / rms left to the reader (deferred_norm.py),
 # up to this many rows (0: never; the norm that writes the integers in one program a row, integer_norm.py)
 DEFERRED_NORM_MAX_ROWS = 4
+# That norm done by o_proj's and down_proj's GEMV, the last program of each group of outputs adding its slices
+# (gemv_epilogues.deferred_norm_when_last), up to this many rows (0: never; the norm's own launch)
+NORM_IN_GEMV_MAX_ROWS = 0
 # In a decode graph, q/k norm + RoPE over q/k/v's slices writes K and V into the cache itself (kv_at_rope.py).
 # On since call 99 timed it: the batch-1 step 2.116 ms against 2.136 with the store's launch, 2.36x bf16's against
 # 2.34x (results/h200/m13_step_times+rope-kv.json)
@@ -145,6 +148,9 @@ class EpilogueQwen3Model(FusedQwen3Model):
             x, words = x.x, x.words
         rows = x.shape[0]
         if _multiplies_integers(self.norm_readers.get(norm), rows, x.dtype):
+            if rows <= min(DEFERRED_NORM_MAX_ROWS, NORM_IN_GEMV_MAX_ROWS) and _multiplies_integers(proj, rows, x.dtype):
+                return quantized_deferred_add_norm(x, proj.qweight, proj.scales, proj.method, residual, norm.weight,
+                                                   norm.eps, x_words=words)
             if rows <= NORM_ADDS_SLICES_MAX_ROWS and _multiplies_integers(proj, rows, x.dtype):
                 sums = quantized_matmul_slices(x, proj.qweight, proj.scales, proj.method, x_words=words)
             else:

@@ -1,5 +1,5 @@
 """The GEMV with the kernel after it folded into its finish: ``quantized_silu_and_mul`` (``_int16`` also writing its
-outputs as 16-bit integers), ``quantized_add_rms_norm``; and the other way round, ``quantized_matmul_slices``: the
+outputs as 16-bit integers), ``quantized_add_rms_norm``, ``quantized_deferred_add_norm``; and the other way round, ``quantized_matmul_slices``: the
 GEMV's finish left to the kernel after it (``sliced_sums.py``).
 
 Each call does what m12's decoder does in two (``epilogue_layers.py`` makes the swap). Where the launch is the
@@ -106,6 +106,39 @@ def quantized_add_rms_norm(x: torch.Tensor, qweight: torch.Tensor, scales: torch
                                              x_words=x_words), residual, norm_weight, eps)
     return _gemv(x, qweight, scales, m, n, k, method == "int4", config, split_k,
                  _Epilogue("add_rms_norm", residual, norm_weight, eps), x_words)
+
+
+def quantized_deferred_add_norm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, method: str,
+                                residual: torch.Tensor, norm_weight: torch.Tensor, eps: float, *,
+                                config: QuantMatmulConfig | None = None, split_k: int | None = None,
+                                x_words: torch.Tensor | None = None) -> DeferredRows:
+    """``residual += x @ W^T`` (in place); returns RMSNorm(residual) * norm_weight with 1 / rms deferred
+    (``DeferredRows``, a part of the sum of squares per group of 128): what ``quantized_matmul_slices`` then
+    ``deferred_add_rms_norm`` return, the residual and the words to the bit, with the norm done by the GEMV's
+    last program of each group (``gemv_epilogues.deferred_norm_when_last``) instead of a launch of its own. Only
+    on int4's GEMV on ``dp4a`` (which reads those words); K cut as ``quantized_matmul_slices`` cuts it."""
+    if config is None:
+        m, n, k, config, _ = _plan(x, qweight, scales, method, None, 0)
+        if config.kernel == "gemv":
+            config = replace(config, min_programs_per_sm=SLICED_GEMV_PROGRAMS_PER_SM)
+    m, n, k, config, split_k = _plan(x, qweight, scales, method, config, split_k)
+    if (method != "int4" or x.dtype == torch.float32 or config.unpack != "dp4a" or not _folds(m, config)
+            or n % GROUP_SIZE or max(config.block_n, GROUP_SIZE) % min(config.block_n, GROUP_SIZE)):
+        raise ValueError(f"the deferred norm is done in int4's GEMV on dp4a only (at most {GEMV_MAX_ROWS} rows of "
+                         f"bf16 or fp16 x, N a multiple of {GROUP_SIZE}, blocks of whole groups or groups of whole "
+                         f"blocks); got {method}, {x.dtype}, {m} rows, N {n}, {config.kernel} block_n "
+                         f"{config.block_n}")
+    if (tuple(residual.shape) != (m, n) or residual.dtype != x.dtype or not residual.is_contiguous()
+            or tuple(norm_weight.shape) != (n,) or not norm_weight.is_contiguous()
+            or not x.device == residual.device == norm_weight.device):
+        raise ValueError(f"the deferred norm needs the residual as [M, N] = [{m}, {n}] in x's dtype ({x.dtype}), "
+                         f"contiguous, and a contiguous norm weight [{n}], on x's device; got residual "
+                         f"{residual.dtype} {tuple(residual.shape)}, norm weight {tuple(norm_weight.shape)}")
+    words = torch.empty((m, int16_x_words(n)), dtype=torch.int32, device=x.device)
+    squares = torch.empty((m, n // GROUP_SIZE), dtype=torch.float32, device=x.device)
+    _gemv(x, qweight, scales, m, n, k, True, config, split_k,
+          _Epilogue("deferred_norm", residual, norm_weight, eps, words, squares=squares), x_words)
+    return DeferredRows(words, squares, eps, n, x.dtype)
 
 
 def quantized_matmul_slices(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, method: str, *,

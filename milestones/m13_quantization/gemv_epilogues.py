@@ -44,7 +44,8 @@ from .integer_dots import store_int16_groups
 
 SILU_AND_MUL = tl.constexpr(1)
 ADD_RMS_NORM = tl.constexpr(2)
-EPILOGUES = ("none", "silu_and_mul", "add_rms_norm")  # the kernel's numbering
+DEFERRED_NORM = tl.constexpr(3)
+EPILOGUES = ("none", "silu_and_mul", "add_rms_norm", "deferred_norm")  # the kernel's numbering
 NORM_MAX_N = 4096  # add_rms_norm: values the last program loads at once (more would spill its registers)
 
 
@@ -130,6 +131,51 @@ def norm_when_last(out_ptr, stride_om, res_ptr, stride_rm, norm_w_ptr, sq_ptr, c
 
 
 @triton.jit
+def deferred_norm_when_last(part_ptr, part_n, count_ptr, res_ptr, stride_rm, norm_w_ptr, sq_ptr, words_ptr,
+                            stride_wm, N, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, GROUP: tl.constexpr):
+    """``DEFERRED_NORM``, after a program has stored its slice's sums: the deferred norm (``deferred_norm.py``)
+    done by the last program of each *unit* of whole groups (``max(BLOCK_N, GROUP)`` outputs) to count itself
+    done. Every part of that norm is local to its group: the unit's slices added in slice order and rounded as
+    the GEMV stores its output, plus the residual (stored back), each group's sum of squares (one part a group,
+    ``sq_ptr``: ``[ROWS, N // GROUP]``) and the integers of ``h * w``. Each unit has a counter of its own, zero
+    between launches, so no program waits for another unit: the only chain is the count, the slices' loads and
+    the stores. The norm weight and the residual are loaded before the count; nothing else of this launch
+    writes them before the last program does."""
+    UNIT: tl.constexpr = BLOCK_N if BLOCK_N > GROUP else GROUP
+    GROUPS: tl.constexpr = UNIT // GROUP
+    unit = tl.program_id(0) // (UNIT // BLOCK_N)
+    cols = unit * UNIT + tl.arange(0, UNIT)
+    ok = cols < N
+    w = tl.load(norm_w_ptr + cols, mask=ok, other=0.0).to(tl.float32)
+    r0 = tl.load(res_ptr + cols, mask=ok, other=0.0)
+    if ROWS > 1:
+        r1 = tl.load(res_ptr + stride_rm + cols, mask=ok, other=0.0)
+    if ROWS > 2:
+        r2 = tl.load(res_ptr + 2 * stride_rm + cols, mask=ok, other=0.0)
+    if ROWS > 3:
+        r3 = tl.load(res_ptr + 3 * stride_rm + cols, mask=ok, other=0.0)
+    tl.debug_barrier()  # every thread's slice sums are written before the program counts itself done (release)
+    slices = tl.num_programs(1)
+    done_before = tl.atomic_add(count_ptr + unit, 1, sem="acq_rel")
+    if done_before == slices * (UNIT // BLOCK_N) - 1:
+        groups = unit * GROUPS + tl.arange(0, GROUPS)
+        for r in tl.static_range(ROWS):
+            res = r0 if r == 0 else r1 if r == 1 else r2 if r == 2 else r3
+            row_part = part_ptr + r * part_n + cols
+            total = tl.load(row_part, mask=ok, other=0.0, cache_modifier=".cg")
+            for s in range(1, slices):
+                total += tl.load(row_part + s * ROWS * part_n, mask=ok, other=0.0, cache_modifier=".cg")
+            dtype = res_ptr.dtype.element_ty
+            summed = (total.to(dtype).to(tl.float32) + res.to(tl.float32)).to(dtype)
+            tl.store(res_ptr + r * stride_rm + cols, summed, mask=ok)
+            h = tl.reshape(summed.to(tl.float32), [GROUPS, GROUP])
+            tl.store(sq_ptr + r * (N // GROUP) + groups, tl.sum(h * h, axis=1), mask=groups < N // GROUP)
+            store_int16_groups(h * tl.reshape(w, [GROUPS, GROUP]), groups, groups < N // GROUP,
+                               words_ptr + r * stride_wm, N, GROUPS, GROUP)
+        tl.atomic_xchg(count_ptr + unit, 0, sem="relaxed")  # ready for the next launch (or graph replay)
+
+
+@triton.jit
 def row_rstd(squares_row_ptr, PARTS: tl.constexpr, PARTS_POW2: tl.constexpr, D, eps):
     """A deferred norm's ``1 / rms`` of one row of x (``deferred_norm.py``): its ``PARTS`` sums of squares added,
     over the row's ``D`` values."""
@@ -150,7 +196,8 @@ class _Epilogue:
     also takes the residual stream (updated in place) and the norm; ``silu_and_mul`` may take ``words``
     (``[M, int16_x_words(N)]`` int32), which receive its outputs as 16-bit integers. ``row_squares``: x's words
     are a deferred norm's (``deferred_norm.py``, its eps ``eps``): every row's sums are multiplied by its 1 / rms
-    first."""
+    first. ``deferred_norm`` takes the residual (updated in place), the norm, and writes ``words`` and
+    ``squares`` (``[M, N // 128]`` float32, a group's sum of squares each): a ``DeferredRows``'s tensors."""
 
     name: str = "none"
     residual: torch.Tensor | None = None
@@ -158,6 +205,7 @@ class _Epilogue:
     eps: float = 0.0
     words: torch.Tensor | None = None
     row_squares: torch.Tensor | None = None
+    squares: torch.Tensor | None = None
 
 
 def _norm_constants(epilogue: str, outputs: int, blocks: int, m: int) -> dict[str, int | bool]:

@@ -55,8 +55,8 @@ from milestones.m08_triton_kernel.device_kernel import device_kernel, runs_inter
 from milestones.m08_triton_kernel.launch_config import sm_count
 
 from .dequant_matmul import _dequant_then_cublas
-from .gemv_epilogues import (ADD_RMS_NORM, SILU_AND_MUL, _Epilogue, _norm_constants, epilogue_index, finish_row,
-                             norm_when_last, pair_rows, row_rstd)
+from .gemv_epilogues import (ADD_RMS_NORM, DEFERRED_NORM, SILU_AND_MUL, _Epilogue, _norm_constants,
+                             deferred_norm_when_last, epilogue_index, finish_row, norm_when_last, pair_rows, row_rstd)
 from .launch_config import UNPACK_MODES, QuantMatmulConfig, choose_launch, choose_split_k, fits_method
 from .quantize import GROUP_SIZE, QUANTIZATION_METHODS, TILE_ROWS
 from .swap_ab_matmul import swap_ab_matmul
@@ -286,7 +286,10 @@ def _quantized_gemv_kernel(
             tl.store(part + 2 * part_n + lanes, acc2, mask=col_ok)
         if ROWS > 3:
             tl.store(part + 3 * part_n + lanes, acc3, mask=col_ok)
-        if FINISH:
+        if EPILOGUE == DEFERRED_NORM:
+            deferred_norm_when_last(part_ptr, part_n, count_ptr, res_ptr, stride_rm, norm_w_ptr, sq_ptr, words_ptr,
+                                    stride_wm, N, ROWS, BLOCK_N, GROUP)
+        elif FINISH:
             # Every thread's sums are written before the program counts itself done (the barrier), and the count is
             # an acquire-release atomic: the program that counts last sees every slice's sums.
             tl.debug_barrier()
@@ -523,7 +526,8 @@ def _gemv(x, qweight, scales, m, n, k, int4, config, split_k, epilogue: _Epilogu
     blocks = triton.cdiv(outputs, per_block)
     out = x.new_empty((m, outputs))
     partial_sums = counters = squares = words_out = out  # not read unless split, normalised or writing words
-    if split_k > 1 or leave_slices:  # each slice's float32 sums (a GEMV leaving them: even one slice's)
+    deferred_norm = epilogue.name == "deferred_norm"  # its finish reads the slices back: even one slice's
+    if split_k > 1 or leave_slices or deferred_norm:  # each slice's float32 sums (a GEMV leaving them, too)
         partial_sums = torch.empty((split_k, m, blocks * config.block_n), dtype=torch.float32, device=x.device)
     x_words_out = silu and epilogue.words is not None  # SiLU * up's outputs as 16-bit integers too
     if x_words_out:
@@ -532,12 +536,15 @@ def _gemv(x, qweight, scales, m, n, k, int4, config, split_k, epilogue: _Epilogu
             raise ValueError(f"silu_and_mul writes words only where each program makes one group of {GROUP_SIZE} "
                              f"outputs ({per_block} outputs a program, {outputs} outputs)")
     # a counter per row block where a finishing program adds the slices; after them the norm's
-    if (split_k > 1 and not leave_slices) or epilogue.name == "add_rms_norm":
+    if (split_k > 1 and not leave_slices) or epilogue.name in ("add_rms_norm", "deferred_norm"):
         counters = _split_counters(x.device, blocks + 1)
     residual = norm_weight = out
     if epilogue.name == "add_rms_norm":
         residual, norm_weight = epilogue.residual, epilogue.norm_weight
         squares = torch.empty((m, blocks), dtype=torch.float32, device=x.device)
+    if deferred_norm:  # the caller's words and squares (epilogue_matmuls.quantized_deferred_add_norm checks them)
+        residual, norm_weight, words_out, squares = (epilogue.residual, epilogue.norm_weight, epilogue.words,
+                                                     epilogue.squares)
     even = outputs % per_block == 0 and k % config.block_k == 0 and k_per_split % config.block_k == 0
     if config.unpack == "dp4a" and x.dtype == torch.float32:  # 16-bit x is finer than bf16's, not float32's
         config = replace(config, unpack="subnormal")
@@ -563,7 +570,7 @@ def _gemv(x, qweight, scales, m, n, k, int4, config, split_k, epilogue: _Epilogu
         outputs, k, k_per_split, epilogue.eps, x_in.stride(0), qweight.stride(0), scales.stride(0), scales.stride(-1),
         out.stride(0), residual.stride(0), words_out.stride(0), row_squares.stride(0),
         INT4=int4, ROWS=m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP=GROUP_SIZE,
-        UNPACK=UNPACK_MODES.index(config.unpack), SPLIT=split_k > 1 or leave_slices, EVEN=even,
+        UNPACK=UNPACK_MODES.index(config.unpack), SPLIT=split_k > 1 or leave_slices or deferred_norm, EVEN=even,
         DEFER_SUM=config.defer_sum and per_thread <= MAX_DEFERRED_PER_THREAD,
         NUM_STAGES=config.num_stages, TILED=qweight.dim() == 4, EPILOGUE=epilogue_index(epilogue.name),
         **_norm_constants(epilogue.name, outputs, blocks, m), X_WORDS=x_words_out,
