@@ -131,16 +131,41 @@ def norm_when_last(out_ptr, stride_om, res_ptr, stride_rm, norm_w_ptr, sq_ptr, c
 
 
 @triton.jit
+def _unit_total(row_part, ok, stride_slice, SLICES: tl.constexpr):
+    """One row's slices of a unit's outputs added in slice order; their loads go out together (``SLICES`` known
+    when compiled: a loop over a slice count read at run time waits for each load before the next)."""
+    total = tl.load(row_part, mask=ok, other=0.0, cache_modifier=".cg")
+    for s in tl.static_range(1, SLICES):
+        total += tl.load(row_part + s * stride_slice, mask=ok, other=0.0, cache_modifier=".cg")
+    return total
+
+
+@triton.jit
+def _store_unit(total, res, r, cols, ok, groups, res_ptr, stride_rm, w, sq_ptr, words_ptr, stride_wm, N,
+                GROUPS: tl.constexpr, GROUP: tl.constexpr):
+    """Row ``r`` of a unit: its added slices rounded as the GEMV stores its output, plus the residual (stored back),
+    each group's sum of squares and the integers of ``h * w``."""
+    dtype = res_ptr.dtype.element_ty
+    summed = (total.to(dtype).to(tl.float32) + res.to(tl.float32)).to(dtype)
+    tl.store(res_ptr + r * stride_rm + cols, summed, mask=ok)
+    h = tl.reshape(summed.to(tl.float32), [GROUPS, GROUP])
+    tl.store(sq_ptr + r * (N // GROUP) + groups, tl.sum(h * h, axis=1), mask=groups < N // GROUP)
+    store_int16_groups(h * tl.reshape(w, [GROUPS, GROUP]), groups, groups < N // GROUP, words_ptr + r * stride_wm,
+                       N, GROUPS, GROUP)
+
+
+@triton.jit
 def deferred_norm_when_last(part_ptr, part_n, count_ptr, res_ptr, stride_rm, norm_w_ptr, sq_ptr, words_ptr,
-                            stride_wm, N, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, GROUP: tl.constexpr):
+                            stride_wm, N, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, GROUP: tl.constexpr,
+                            SLICES: tl.constexpr):
     """``DEFERRED_NORM``, after a program has stored its slice's sums: the deferred norm (``deferred_norm.py``)
     done by the last program of each *unit* of whole groups (``max(BLOCK_N, GROUP)`` outputs) to count itself
-    done. Every part of that norm is local to its group: the unit's slices added in slice order and rounded as
-    the GEMV stores its output, plus the residual (stored back), each group's sum of squares (one part a group,
-    ``sq_ptr``: ``[ROWS, N // GROUP]``) and the integers of ``h * w``. Each unit has a counter of its own, zero
-    between launches, so no program waits for another unit: the only chain is the count, the slices' loads and
-    the stores. The norm weight and the residual are loaded before the count; nothing else of this launch
-    writes them before the last program does."""
+    done. Every part of that norm is local to its group: the unit's ``SLICES`` slices added in slice order and
+    rounded as the GEMV stores its output, plus the residual (stored back), each group's sum of squares (one part
+    a group, ``sq_ptr``: ``[ROWS, N // GROUP]``) and the integers of ``h * w``. Each unit has a counter of its
+    own, zero between launches, so no program waits for another unit: the last program's chain is the count,
+    one round of loads (every row's slices at once) and the stores. The norm weight and the residual are loaded
+    before the count; nothing else of this launch writes them before the last program does."""
     UNIT: tl.constexpr = BLOCK_N if BLOCK_N > GROUP else GROUP
     GROUPS: tl.constexpr = UNIT // GROUP
     unit = tl.program_id(0) // (UNIT // BLOCK_N)
@@ -155,23 +180,27 @@ def deferred_norm_when_last(part_ptr, part_n, count_ptr, res_ptr, stride_rm, nor
     if ROWS > 3:
         r3 = tl.load(res_ptr + 3 * stride_rm + cols, mask=ok, other=0.0)
     tl.debug_barrier()  # every thread's slice sums are written before the program counts itself done (release)
-    slices = tl.num_programs(1)
     done_before = tl.atomic_add(count_ptr + unit, 1, sem="acq_rel")
-    if done_before == slices * (UNIT // BLOCK_N) - 1:
+    if done_before == SLICES * (UNIT // BLOCK_N) - 1:
         groups = unit * GROUPS + tl.arange(0, GROUPS)
-        for r in tl.static_range(ROWS):
-            res = r0 if r == 0 else r1 if r == 1 else r2 if r == 2 else r3
-            row_part = part_ptr + r * part_n + cols
-            total = tl.load(row_part, mask=ok, other=0.0, cache_modifier=".cg")
-            for s in range(1, slices):
-                total += tl.load(row_part + s * ROWS * part_n, mask=ok, other=0.0, cache_modifier=".cg")
-            dtype = res_ptr.dtype.element_ty
-            summed = (total.to(dtype).to(tl.float32) + res.to(tl.float32)).to(dtype)
-            tl.store(res_ptr + r * stride_rm + cols, summed, mask=ok)
-            h = tl.reshape(summed.to(tl.float32), [GROUPS, GROUP])
-            tl.store(sq_ptr + r * (N // GROUP) + groups, tl.sum(h * h, axis=1), mask=groups < N // GROUP)
-            store_int16_groups(h * tl.reshape(w, [GROUPS, GROUP]), groups, groups < N // GROUP,
-                               words_ptr + r * stride_wm, N, GROUPS, GROUP)
+        stride_slice = ROWS * part_n
+        t0 = _unit_total(part_ptr + cols, ok, stride_slice, SLICES)  # every row's loads before any store
+        if ROWS > 1:
+            t1 = _unit_total(part_ptr + part_n + cols, ok, stride_slice, SLICES)
+        if ROWS > 2:
+            t2 = _unit_total(part_ptr + 2 * part_n + cols, ok, stride_slice, SLICES)
+        if ROWS > 3:
+            t3 = _unit_total(part_ptr + 3 * part_n + cols, ok, stride_slice, SLICES)
+        _store_unit(t0, r0, 0, cols, ok, groups, res_ptr, stride_rm, w, sq_ptr, words_ptr, stride_wm, N, GROUPS, GROUP)
+        if ROWS > 1:
+            _store_unit(t1, r1, 1, cols, ok, groups, res_ptr, stride_rm, w, sq_ptr, words_ptr, stride_wm, N, GROUPS,
+                        GROUP)
+        if ROWS > 2:
+            _store_unit(t2, r2, 2, cols, ok, groups, res_ptr, stride_rm, w, sq_ptr, words_ptr, stride_wm, N, GROUPS,
+                        GROUP)
+        if ROWS > 3:
+            _store_unit(t3, r3, 3, cols, ok, groups, res_ptr, stride_rm, w, sq_ptr, words_ptr, stride_wm, N, GROUPS,
+                        GROUP)
         tl.atomic_xchg(count_ptr + unit, 0, sem="relaxed")  # ready for the next launch (or graph replay)
 
 

@@ -127,7 +127,7 @@ def _quantized_gemv_kernel(
     NUM_STAGES: tl.constexpr, TILED: tl.constexpr, EPILOGUE: tl.constexpr, NORM_N: tl.constexpr,
     NORM_WHOLE: tl.constexpr, BLOCKS_N: tl.constexpr, X_WORDS: tl.constexpr, PTX: tl.constexpr,
     FINISH: tl.constexpr = True, ROW_NORM_PARTS: tl.constexpr = 0, ROW_NORM_POW2: tl.constexpr = 1,
-    SUMMED: tl.constexpr = 1,
+    SUMMED: tl.constexpr = 1, FINISH_SLICES: tl.constexpr = 0,
 ):
     """One program: output rows [pid_n * BLOCK_N, +BLOCK_N) for the ``ROWS`` (1-4) rows of x, over its slice of K.
 
@@ -153,7 +153,9 @@ def _quantized_gemv_kernel(
     as it is, as ``silu(gate) * up`` (then W's rows are gate/up pairs and N counts the pairs), or added into the
     residual stream ``res_ptr`` and normalised with ``norm_w_ptr`` once every block is in (``sq_ptr``: the
     blocks' sums of squares; the count after the row blocks' own in ``count_ptr``). ``X_WORDS``: SiLU * up's
-    outputs, one whole group of ``int16_x`` a program, are also written as its words at ``words_ptr``."""
+    outputs, one whole group of ``int16_x`` a program, are also written as its words at ``words_ptr``. Or the
+    deferred norm, by the last of each group's programs (``deferred_norm_when_last``, over ``FINISH_SLICES``
+    slices: the launch's K slices, known when compiled)."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     lanes = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # this program's sums (the slices' index)
@@ -288,7 +290,7 @@ def _quantized_gemv_kernel(
             tl.store(part + 3 * part_n + lanes, acc3, mask=col_ok)
         if EPILOGUE == DEFERRED_NORM:
             deferred_norm_when_last(part_ptr, part_n, count_ptr, res_ptr, stride_rm, norm_w_ptr, sq_ptr, words_ptr,
-                                    stride_wm, N, ROWS, BLOCK_N, GROUP)
+                                    stride_wm, N, ROWS, BLOCK_N, GROUP, FINISH_SLICES)
         elif FINISH:
             # Every thread's sums are written before the program counts itself done (the barrier), and the count is
             # an acquire-release atomic: the program that counts last sees every slice's sums.
@@ -576,6 +578,7 @@ def _gemv(x, qweight, scales, m, n, k, int4, config, split_k, epilogue: _Epilogu
         **_norm_constants(epilogue.name, outputs, blocks, m), X_WORDS=x_words_out,
         PTX=not runs_interpreted(x.device), FINISH=not leave_slices, ROW_NORM_PARTS=norm_parts,
         ROW_NORM_POW2=triton.next_power_of_2(max(norm_parts, 1)), SUMMED=DP4A_WORDS_PER_FLOAT,
+        FINISH_SLICES=split_k if deferred_norm else 0,
         num_warps=config.num_warps,
     )
     return partial_sums if leave_slices else out
