@@ -1,5 +1,5 @@
 """One GPU call: the deferred norm done in o_proj's and down_proj's GEMV finish (NORM_IN_GEMV_MAX_ROWS,
-gemv_epilogues.deferred_norm_when_last) against its own launch: the batch-1 and -2 step at 512 keys (quant_step,
+gemv_epilogues.deferred_norm_when_last) against its own launch: the batch-1, -2 and -4 step at 512 keys (quant_step,
 5 interleaved rounds).
 
     python3 scratch/norm_in_gemv_ab.py OUT_DIR             # the step, interleaved
@@ -33,7 +33,7 @@ def main(out_dir: str) -> None:
         step_kernels.main(f"{out_dir}/m13_step_kernels_norm_in_gemv.json", [1], ["int4-norm-launch",
                                                                                  "int4-norm-in-gemv"])
         return
-    quant_step.main(["--modes", "bf16,int4-norm-launch,int4-norm-in-gemv", "--batches", "1,2", "--rounds", "5",
+    quant_step.main(["--modes", "bf16,int4-norm-launch,int4-norm-in-gemv", "--batches", "1,2,4", "--rounds", "5",
                      "--out", f"{out_dir}/m13_step_times_norm_in_gemv.json"])
 
 
