@@ -169,6 +169,7 @@ def test_norms_before_dp4a_gemvs_hand_them_their_integers(deferred, monkeypatch)
         monkeypatch.setattr(epilogue_layers, name, lambda *args, norm=norm: normed.append(norm(*args)) or normed[-1])
     monkeypatch.setattr(epilogue_layers, "NORM_EPILOGUE_MAX_ROWS", 0)  # m12's norm, whose bits the exact one keeps
     monkeypatch.setattr(epilogue_layers, "DEFERRED_NORM_MAX_ROWS", 4 if deferred else 0)
+    monkeypatch.setattr(epilogue_layers, "NORM_IN_GEMV_MAX_ROWS", 0)  # the norms' own kernels (test_m13_norm_in_gemv)
     outputs = {}
     for rows in (4, 0):  # a norm writes integers up to 4 rows of x; then never
         monkeypatch.setattr(epilogue_layers, "INTEGER_X_MAX_ROWS", rows)

@@ -85,8 +85,10 @@ ROPE_ADDS_SLICES_MAX_ROWS = 4  # after a deferred norm q/k/v leaves its slices w
 # up to this many rows (0: never; the norm that writes the integers in one program a row, integer_norm.py)
 DEFERRED_NORM_MAX_ROWS = 4
 # That norm done by o_proj's and down_proj's GEMV, the last program of each group of outputs adding its slices
-# (gemv_epilogues.deferred_norm_when_last), up to this many rows (0: never; the norm's own launch)
-NORM_IN_GEMV_MAX_ROWS = 0
+# (gemv_epilogues.deferred_norm_when_last), up to this many rows (0: never; the norm's own launch). On the H200
+# the batch-1 step took 1.977 ms against 2.045 with the norm's launch, 2.50x bf16's against 2.42x; 2 rows 2.295
+# against 2.333, 4 rows 3.294 against 3.259 (call 130, results/h200/m13_step_times+norm-in-gemv.json)
+NORM_IN_GEMV_MAX_ROWS = 2
 # In a decode graph, q/k norm + RoPE over q/k/v's slices writes K and V into the cache itself (kv_at_rope.py).
 # On since call 99 timed it: the batch-1 step 2.116 ms against 2.136 with the store's launch, 2.36x bf16's against
 # 2.34x (results/h200/m13_step_times+rope-kv.json)
