@@ -19,7 +19,7 @@ from milestones.m12_async_scheduling.fused_kernels import add_rms_norm  # noqa: 
 from milestones.m13_quantization import epilogue_layers, matmul_kernels  # noqa: E402
 from milestones.m13_quantization.epilogue_matmuls import quantized_add_rms_norm, quantized_silu_and_mul  # noqa: E402
 from milestones.m13_quantization.integer_dots import X_INT_MAX, int16_x, int16_x_reference  # noqa: E402
-from milestones.m13_quantization.deferred_norm import deferred_add_rms_norm  # noqa: E402
+from milestones.m13_quantization.deferred_norm import deferred_add_rms_norm, deferred_rms_norm  # noqa: E402
 from milestones.m13_quantization.integer_norm import IntegerRows, add_rms_norm_int16  # noqa: E402
 from milestones.m13_quantization.launch_config import CANDIDATES, LAUNCH_TABLE, choose_launch  # noqa: E402
 from milestones.m13_quantization.matmul_kernels import quantized_matmul  # noqa: E402
@@ -178,7 +178,8 @@ def test_norms_before_dp4a_gemvs_hand_them_their_integers(deferred, monkeypatch)
             outputs[rows] = decoder(torch.tensor([5], device=DEVICE), torch.tensor([3], device=DEVICE),
                                     lambda layer, q, k, v: q + v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
                                     + k.sum()), len(conversions)
-    assert outputs[4][1] == 2 * 1 + 1 and outputs[0][1] == 4 * 2  # + layer 0's q/k/v, after the embedding's norm
+    # o_proj's x in each layer; layer 0's q/k/v's too, after m12's norm of the embedding (the deferred norm writes them)
+    assert outputs[4][1] == 2 * 1 + (0 if deferred else 1) and outputs[0][1] == 4 * 2
     assert len(normed) == 3 and all(isinstance(r, DeferredRows if deferred else IntegerRows) for r in normed)
     assert outputs[4][0].dtype == torch.bfloat16
     if deferred:
@@ -263,7 +264,8 @@ def test_decode_graphs_hand_o_proj_the_combines_integers(monkeypatch):
         with torch.no_grad():
             outputs[name] = decoder(torch.tensor([5], device=DEVICE), torch.tensor([40], device=DEVICE),
                                     attention), len(conversions)
-    assert outputs["launch"][1] == 2 * 1 + 1 and outputs["combine"][1] == 2 * 0 + 1  # + layer 0's q/k/v
+    # layer 0's q/k/v read the words of the deferred norm of the embedding (EpilogueQwen3Model.first_norm)
+    assert outputs["launch"][1] == 2 * 1 and outputs["combine"][1] == 2 * 0
     assert outputs["unsplit"][1] == outputs["launch"][1]
     assert torch.equal(outputs["combine"][0], outputs["launch"][0])
 
@@ -381,6 +383,7 @@ def test_the_decoders_readers_add_its_gemvs_slices(monkeypatch):
     init_random_(model, 0, std=config.initializer_range)
     decoder = EpilogueCausalLM(quantize_model_(model, "int4", "triton"))
     left, leave = [], epilogue_matmuls.quantized_matmul_slices
+    monkeypatch.setattr(epilogue_layers, "NORM_IN_GEMV_MAX_ROWS", 0)  # the norms' own kernels add the slices
     monkeypatch.setattr(epilogue_layers, "quantized_matmul_slices",
                         lambda *args, **kw: left.append(leave(*args, **kw)) or left[-1])
     outputs = {}
@@ -390,9 +393,9 @@ def test_the_decoders_readers_add_its_gemvs_slices(monkeypatch):
         with torch.no_grad():  # attention stood in for by q and v
             outputs[rows] = decoder(torch.tensor([5], device=DEVICE), torch.tensor([3], device=DEVICE),
                                     lambda layer, q, k, v: q + v.repeat_interleave(4, dim=1) + k.sum())
-    # q/k/v, o_proj, down_proj, then o_proj (layer 1's q/k/v reads the deferred norm's rows: deferred_matmul_slices;
-    # the last layer's norm is the head's: no integers)
-    assert [isinstance(sums, SlicedSums) for sums in left] == [True] * 4
+    # o_proj, down_proj, then o_proj (each layer's q/k/v reads a deferred norm's rows, layer 0's the embedding's:
+    # deferred_matmul_slices; the last layer's norm is the head's: no integers)
+    assert [isinstance(sums, SlicedSums) for sums in left] == [True] * 3
     assert torch.equal(outputs[4], outputs[0])
 
 
@@ -415,6 +418,9 @@ def test_the_deferred_norm_leaves_1_over_rms_to_its_readers(rows, d):
     assert torch.equal(residual, streams)
     assert torch.equal(deferred.words, int16_x(residual.float() * weight.float()))
     torch.testing.assert_close(deferred.squares.sum(dim=1), residual.float().pow(2).sum(dim=1), rtol=1e-5, atol=0)
+    first = deferred_rms_norm(residual, weight, 1e-6)  # layer 0's: the embedding's rows, only read
+    assert torch.equal(residual, streams) and torch.equal(first.words, deferred.words)
+    assert torch.equal(first.squares, deferred.squares)
 
     def rel(got, expected):
         return ((got.float() - expected.float()).norm() / expected.float().norm()).item()

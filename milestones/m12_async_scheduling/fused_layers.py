@@ -40,8 +40,7 @@ class FusedQwen3Model(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attention: AttentionFn) -> torch.Tensor:
         residual = self.embed_tokens(input_ids)
-        first = self.layers[0].input_layernorm
-        hidden = F.rms_norm(residual, (residual.shape[-1],), first.weight, first.eps)
+        hidden = self.first_norm(residual, self.layers[0].input_layernorm)
         norms = [layer.post_attention_layernorm for layer in self.layers]
         next_norms = [layer.input_layernorm for layer in self.layers[1:]] + [self.norm]
         for layer, norm, next_norm in zip(self.layers, norms, next_norms):
@@ -51,6 +50,10 @@ class FusedQwen3Model(nn.Module):
             hidden = self.project_add_norm(mlp.down_proj, self.gate_up_silu(mlp.gate_up_proj, hidden), residual,
                                            next_norm)
         return hidden
+
+    def first_norm(self, residual: torch.Tensor, norm: nn.Module) -> torch.Tensor:
+        """Layer 0's input norm, over the embedding's rows (a seam: m13's writes q/k/v's integers)."""
+        return F.rms_norm(residual, (residual.shape[-1],), norm.weight, norm.eps)
 
     def attend(self, attn: PackedAttention, x: torch.Tensor, positions: torch.Tensor,
                attention: AttentionFn) -> torch.Tensor:

@@ -69,9 +69,10 @@ class DeferredRows:
 @triton.jit
 def _deferred_norm_kernel(x_ptr, residual_ptr, weight_ptr, words_ptr, squares_ptr, stride_slice, stride_xm,
                           stride_wm, stride_sq, SLICES: tl.constexpr, D: tl.constexpr, CHUNK: tl.constexpr,
-                          GROUP: tl.constexpr):
+                          GROUP: tl.constexpr, ADD: tl.constexpr = True):
     """One row's ``CHUNK`` columns: x (a matmul's output, or its ``SLICES`` slices of float32 sums added) plus the
-    residual, stored back as m12's addition rounds it; the part's sum of squares; the integers of ``h * w``."""
+    residual, stored back as m12's addition rounds it; the part's sum of squares; the integers of ``h * w``.
+    Without ``ADD`` the residual is the row itself (the embedding's, before layer 0), read and not written."""
     row = tl.program_id(0).to(tl.int64)
     part = tl.program_id(1)
     cols = part * CHUNK + tl.arange(0, CHUNK)
@@ -80,8 +81,11 @@ def _deferred_norm_kernel(x_ptr, residual_ptr, weight_ptr, words_ptr, squares_pt
         x = tl.load(x_ptr + row * stride_xm + cols)
     else:  # the matmul's output as its GEMV would have stored it
         x = add_slices(x_ptr + row * stride_xm + cols, cols < D, stride_slice, SLICES).to(dtype)
-    summed = (x.to(tl.float32) + tl.load(residual_ptr + row * D + cols).to(tl.float32)).to(dtype)
-    tl.store(residual_ptr + row * D + cols, summed)
+    if ADD:
+        summed = (x.to(tl.float32) + tl.load(residual_ptr + row * D + cols).to(tl.float32)).to(dtype)
+        tl.store(residual_ptr + row * D + cols, summed)
+    else:
+        summed = x
     s = summed.to(tl.float32)
     tl.store(squares_ptr + row * stride_sq + part, tl.sum(s * s, axis=0))
     groups = part * (CHUNK // GROUP) + tl.arange(0, CHUNK // GROUP)
@@ -89,10 +93,21 @@ def _deferred_norm_kernel(x_ptr, residual_ptr, weight_ptr, words_ptr, squares_pt
     store_int16_groups(scaled, groups, groups < D // GROUP, words_ptr + row * stride_wm, D, CHUNK // GROUP, GROUP)
 
 
+def deferred_rms_norm(residual: torch.Tensor, weight: torch.Tensor, eps: float) -> DeferredRows:
+    """RMSNorm(residual) * weight with 1 / rms deferred, the residual only read: layer 0's input norm, over the
+    embedding's rows (``[T, D]`` contiguous, D a multiple of 128)."""
+    return _deferred_norm(residual, residual, weight, eps, add=False)
+
+
 def deferred_add_rms_norm(x: torch.Tensor | SlicedSums, residual: torch.Tensor, weight: torch.Tensor,
                           eps: float) -> DeferredRows:
     """``residual += x`` in place; returns RMSNorm(residual) * weight with 1 / rms deferred (``DeferredRows``).
     ``x``: ``[T, D]`` contiguous in the residual's dtype, or a GEMV's slices of it; D a multiple of 128."""
+    return _deferred_norm(x, residual, weight, eps, add=True)
+
+
+def _deferred_norm(x: torch.Tensor | SlicedSums, residual: torch.Tensor, weight: torch.Tensor, eps: float, *,
+                   add: bool) -> DeferredRows:
     tokens, dim = residual.shape
     sliced = isinstance(x, SlicedSums)
     rows = x.parts[0] if sliced else x
@@ -112,5 +127,5 @@ def deferred_add_rms_norm(x: torch.Tensor | SlicedSums, residual: torch.Tensor, 
         _deferred_norm_kernel[(tokens, groups // per_program)](
             source, residual, weight, words, squares, source.stride(0) if sliced else 0, rows.stride(0),
             words.stride(0), squares.stride(0), SLICES=x.parts.shape[0] if sliced else 0, D=dim,
-            CHUNK=per_program * GROUP_SIZE, GROUP=GROUP_SIZE, num_warps=4)
+            CHUNK=per_program * GROUP_SIZE, GROUP=GROUP_SIZE, ADD=add, num_warps=4)
     return DeferredRows(words, squares, eps, dim, residual.dtype)

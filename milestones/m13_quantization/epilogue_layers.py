@@ -56,7 +56,7 @@ from milestones.m10_cuda_graphs.graph_runner import GraphDecodeAttention
 from milestones.m12_async_scheduling.fused_kernels import add_rms_norm
 from milestones.m12_async_scheduling.fused_layers import FusedCausalLM, FusedQwen3Model
 
-from .deferred_norm import DeferredRows, deferred_add_rms_norm
+from .deferred_norm import DeferredRows, deferred_add_rms_norm, deferred_rms_norm
 from .epilogue_matmuls import (deferred_matmul_slices, quantized_add_rms_norm, quantized_deferred_add_norm,
                                quantized_matmul_slices, quantized_silu_and_mul, quantized_silu_and_mul_int16)
 from .integer_heads import IntegerHeadsAttention
@@ -142,6 +142,14 @@ class EpilogueQwen3Model(FusedQwen3Model):
         heads = super().attend(attn, x, positions, attention)
         words = attention.take_words() if isinstance(attention, IntegerHeadsAttention) else None
         return heads if words is None else IntegerRows(heads, words)
+
+    def first_norm(self, residual: torch.Tensor, norm: nn.Module) -> torch.Tensor | DeferredRows:
+        """Layer 0's input norm as the deferred norm (the residual only read), where q/k/v multiplies its words:
+        one launch of 8 programs a row instead of m12's norm and a conversion."""
+        rows, qkv_proj = residual.shape[0], self.layers[0].self_attn.qkv_proj
+        if rows <= DEFERRED_NORM_MAX_ROWS and _multiplies_integers(qkv_proj, rows, residual.dtype):
+            return deferred_rms_norm(residual, norm.weight, norm.eps)
+        return super().first_norm(residual, norm)
 
     def project_add_norm(self, proj: nn.Module, x: torch.Tensor | IntegerRows, residual: torch.Tensor,
                          norm: nn.Module) -> torch.Tensor | IntegerRows:

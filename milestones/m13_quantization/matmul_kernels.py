@@ -108,10 +108,11 @@ def _row_sums(acc, scale, DEFER_SUM: tl.constexpr, SCALE: tl.constexpr):
 
 
 @triton.jit
-def _add_slices(part_ptr, lanes, ok, num_slices, stride_part):
-    """The finishing program of a split: the slices' float32 sums of one row, added in slice order."""
+def _add_slices(part_ptr, lanes, ok, stride_part, SLICES: tl.constexpr):
+    """The finishing program of a split: the slices' float32 sums of one row, added in slice order. ``SLICES`` is
+    known when compiled, so the loads go out together (a loop over a count read at run time waits for each)."""
     total = tl.load(part_ptr + lanes, mask=ok, other=0.0, cache_modifier=".cg")
-    for s in range(1, num_slices):
+    for s in tl.static_range(1, SLICES):
         total += tl.load(part_ptr + s * stride_part + lanes, mask=ok, other=0.0, cache_modifier=".cg")
     return total
 
@@ -155,7 +156,7 @@ def _quantized_gemv_kernel(
     blocks' sums of squares; the count after the row blocks' own in ``count_ptr``). ``X_WORDS``: SiLU * up's
     outputs, one whole group of ``int16_x`` a program, are also written as its words at ``words_ptr``. Or the
     deferred norm, by the last of each group's programs (``deferred_norm_when_last``, over ``FINISH_SLICES``
-    slices: the launch's K slices, known when compiled)."""
+    slices: the launch's K slices, known when compiled, as for the finish that adds them)."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     lanes = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # this program's sums (the slices' index)
@@ -298,7 +299,7 @@ def _quantized_gemv_kernel(
             done_before = tl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel")
             if done_before == num_slices - 1:
                 for r in tl.static_range(ROWS):
-                    total = _add_slices(part_ptr + r * part_n, lanes, col_ok, num_slices, ROWS * part_n)
+                    total = _add_slices(part_ptr + r * part_n, lanes, col_ok, ROWS * part_n, FINISH_SLICES)
                     if ROW_NORM_PARTS > 0:
                         total = total * row_rstd(rsq_ptr + r * stride_rsq, ROW_NORM_PARTS, ROW_NORM_POW2, K, eps)
                     finish_row(total, r, lanes, col_ok, N, out_ptr, stride_om, res_ptr, stride_rm, sq_ptr, words_ptr,
@@ -578,7 +579,7 @@ def _gemv(x, qweight, scales, m, n, k, int4, config, split_k, epilogue: _Epilogu
         **_norm_constants(epilogue.name, outputs, blocks, m), X_WORDS=x_words_out,
         PTX=not runs_interpreted(x.device), FINISH=not leave_slices, ROW_NORM_PARTS=norm_parts,
         ROW_NORM_POW2=triton.next_power_of_2(max(norm_parts, 1)), SUMMED=DP4A_WORDS_PER_FLOAT,
-        FINISH_SLICES=split_k if deferred_norm else 0,
+        FINISH_SLICES=split_k if (split_k > 1 and not leave_slices) or deferred_norm else 0,
         num_warps=config.num_warps,
     )
     return partial_sums if leave_slices else out
