@@ -111,6 +111,7 @@ def readers_jobs(x, w, s, m, hidden, dtype, config):
     sums = epilogue_matmuls.quantized_matmul_slices(x, w, s, "int4", config=config, split_k=4)
     integer_norm.add_rms_norm_int16(sums, zeros(), torch.ones(hidden, dtype=dtype), 1e-6)
     rows = deferred_norm.deferred_add_rms_norm(sums, zeros(), torch.ones(hidden, dtype=dtype), 1e-6)
+    deferred_norm.deferred_rms_norm(zeros(), torch.ones(hidden, dtype=dtype), 1e-6)  # layer 0's: nothing added
     epilogue_matmuls.quantized_deferred_add_norm(x, w, s, "int4", zeros(), torch.ones(hidden, dtype=dtype), 1e-6,
                                                  config=config, split_k=4)  # the same norm in the GEMV's finish
     epilogue_matmuls.quantized_silu_and_mul(rows, w, s, "int4", config=config)
