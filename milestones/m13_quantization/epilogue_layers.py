@@ -43,7 +43,10 @@ On the H200 the two took the batch-1 step from 2.18x bf16's to 2.24x and then 2.
 sixteenth guesses). With ``ROPE_STORES_KV`` q/k norm + RoPE also writes K/V into a decode graph's cache, and the
 graph's store launch goes (``kv_at_rope.py``, through m12's ``attend_qkv``): 2.36x (the seventeenth, call 99).
 With ``ROPE_IN_DECODE`` the decode kernel's programs do that work themselves (``rope_in_decode.py``): one kernel a
-layer fewer, 22 µs a step at one row (the twenty-third guess, calls 122-128).
+layer fewer, 22 µs a step at one row (the twenty-third guess, calls 122-128). With ``NORM_IN_GEMV_MAX_ROWS`` the
+deferred norm after o_proj and down_proj is done by their GEMV's finish, the last program of each group of outputs
+(``gemv_epilogues.deferred_norm_when_last``), and layer 0's input norm is the deferred one too (``first_norm``): the
+step 2.50-2.54x bf16's on three of four H200 hosts (the twenty-fourth guess, calls 129-133).
 """
 
 from __future__ import annotations
