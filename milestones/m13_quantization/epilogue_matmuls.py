@@ -1,6 +1,6 @@
 """The GEMV with the kernel after it folded into its finish: ``quantized_silu_and_mul`` (``_int16`` also writing its
-outputs as 16-bit integers), ``quantized_add_rms_norm``, ``quantized_deferred_add_norm``; and the other way round, ``quantized_matmul_slices``: the
-GEMV's finish left to the kernel after it (``sliced_sums.py``).
+outputs as 16-bit integers), ``quantized_add_rms_norm``, ``quantized_deferred_add_norm``; and the other way round,
+``quantized_matmul_slices``: the GEMV's finish left to the kernel after it (``sliced_sums.py``).
 
 Each call does what m12's decoder does in two (``epilogue_layers.py`` makes the swap). Where the launch is the
 GEMV, with at most ``GEMV_MAX_ROWS`` rows of x and at least two rows of W a program (one SiLU pair), it runs the
@@ -87,6 +87,17 @@ def _refuse_deferred(epilogue: _Epilogue, m: int) -> None:
                          f"int4's dp4a launch); got {m} rows")
 
 
+def _check_norm_operands(what: str, x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, m: int,
+                         n: int) -> None:
+    """The residual ``[M, N]`` in x's dtype, contiguous, and the norm weight ``[N]``, contiguous, on x's device."""
+    if (tuple(residual.shape) != (m, n) or residual.dtype != x.dtype or not residual.is_contiguous()
+            or tuple(norm_weight.shape) != (n,) or not norm_weight.is_contiguous()
+            or not x.device == residual.device == norm_weight.device):
+        raise ValueError(f"{what} needs the residual as [M, N] = [{m}, {n}] in x's dtype ({x.dtype}), "
+                         f"contiguous, and a contiguous norm weight [{n}], on x's device; got residual "
+                         f"{residual.dtype} {tuple(residual.shape)}, norm weight {tuple(norm_weight.shape)}")
+
+
 def quantized_add_rms_norm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, method: str,
                            residual: torch.Tensor, norm_weight: torch.Tensor, eps: float, *,
                            config: QuantMatmulConfig | None = None, split_k: int | None = None,
@@ -95,12 +106,7 @@ def quantized_add_rms_norm(x: torch.Tensor, qweight: torch.Tensor, scales: torch
     m12's ``add_rms_norm`` after the matmul. In the GEMV's finishing programs (``gemv_epilogues.py``); at more
     rows, the matmul and then m12's kernel. ``x_words``: as ``quantized_matmul`` takes it."""
     m, n, k, config, split_k = _plan(x, qweight, scales, method, config, split_k)
-    if (tuple(residual.shape) != (m, n) or residual.dtype != x.dtype or not residual.is_contiguous()
-            or tuple(norm_weight.shape) != (n,) or not norm_weight.is_contiguous()
-            or not x.device == residual.device == norm_weight.device):
-        raise ValueError(f"add_rms_norm needs the residual as [M, N] = [{m}, {n}] in x's dtype ({x.dtype}), "
-                         f"contiguous, and a contiguous norm weight [{n}], on x's device; got residual "
-                         f"{residual.dtype} {tuple(residual.shape)}, norm weight {tuple(norm_weight.shape)}")
+    _check_norm_operands("add_rms_norm", x, residual, norm_weight, m, n)
     if not _folds(m, config):
         return add_rms_norm(quantized_matmul(x, qweight, scales, method, config=config, split_k=split_k,
                                              x_words=x_words), residual, norm_weight, eps)
@@ -128,12 +134,7 @@ def quantized_deferred_add_norm(x: torch.Tensor, qweight: torch.Tensor, scales: 
                          f"bf16 or fp16 x, N a multiple of {GROUP_SIZE}, blocks of whole groups or groups of whole "
                          f"blocks); got {method}, {x.dtype}, {m} rows, N {n}, {config.kernel} block_n "
                          f"{config.block_n}")
-    if (tuple(residual.shape) != (m, n) or residual.dtype != x.dtype or not residual.is_contiguous()
-            or tuple(norm_weight.shape) != (n,) or not norm_weight.is_contiguous()
-            or not x.device == residual.device == norm_weight.device):
-        raise ValueError(f"the deferred norm needs the residual as [M, N] = [{m}, {n}] in x's dtype ({x.dtype}), "
-                         f"contiguous, and a contiguous norm weight [{n}], on x's device; got residual "
-                         f"{residual.dtype} {tuple(residual.shape)}, norm weight {tuple(norm_weight.shape)}")
+    _check_norm_operands("the deferred norm", x, residual, norm_weight, m, n)
     words = torch.empty((m, int16_x_words(n)), dtype=torch.int32, device=x.device)
     squares = torch.empty((m, n // GROUP_SIZE), dtype=torch.float32, device=x.device)
     _gemv(x, qweight, scales, m, n, k, True, config, split_k,
