@@ -96,24 +96,33 @@ def matmul_jobs(candidates: bool, quick: bool = False):
 
 def readers_jobs(x, w, s, m, hidden, dtype, config):
     """int4 on dp4a: a GEMV leaving its slices, the norms that add them (exact and deferred, or the deferred one in
-    the GEMV's finish: ``gemv_epilogues.deferred_norm_when_last``), gate_up's GEMV and
-    q/k norm + RoPE reading the deferred norm's rows (``sliced_sums.py``, ``deferred_norm.py``), also writing K/V
-    into a cache (``kv_at_rope.py``), or inside the decode kernel (``rope_in_decode.py``)."""
-    from milestones.m05_paged_blocks.paged_attention import PagedKVCache
-    from milestones.m10_cuda_graphs.graph_runner import GraphDecodeAttention
-    from milestones.m13_quantization import (deferred_norm, epilogue_matmuls, integer_norm, kv_at_rope,
-                                             rope_in_decode, sliced_sums)
-    from milestones.m13_quantization.fp8_kv_cache import FP8PagedKVCache
+    the GEMV's finish: ``gemv_epilogues.deferred_norm_when_last``; layer 0's with nothing to add), and the readers
+    of either deferred norm's rows (``deferred_readers_jobs``)."""
+    from milestones.m13_quantization import deferred_norm, epilogue_matmuls, integer_norm
 
     def zeros():
         return torch.zeros(m, hidden, dtype=dtype)
 
     sums = epilogue_matmuls.quantized_matmul_slices(x, w, s, "int4", config=config, split_k=4)
     integer_norm.add_rms_norm_int16(sums, zeros(), torch.ones(hidden, dtype=dtype), 1e-6)
-    rows = deferred_norm.deferred_add_rms_norm(sums, zeros(), torch.ones(hidden, dtype=dtype), 1e-6)
     deferred_norm.deferred_rms_norm(zeros(), torch.ones(hidden, dtype=dtype), 1e-6)  # layer 0's: nothing added
-    epilogue_matmuls.quantized_deferred_add_norm(x, w, s, "int4", zeros(), torch.ones(hidden, dtype=dtype), 1e-6,
-                                                 config=config, split_k=4)  # the same norm in the GEMV's finish
+    # the deferred norm's rows from its own kernel (4 parts of the sum of squares a row) and from the GEMV's
+    # finish (a part a group): their readers compile once for each
+    ones = torch.ones(hidden, dtype=dtype)
+    for rows in (deferred_norm.deferred_add_rms_norm(sums, zeros(), ones, 1e-6),
+                 epilogue_matmuls.quantized_deferred_add_norm(x, w, s, "int4", zeros(), ones, 1e-6, config=config,
+                                                              split_k=4)):
+        deferred_readers_jobs(rows, x, w, s, m, dtype, config)
+
+
+def deferred_readers_jobs(rows, x, w, s, m, dtype, config):
+    """gate_up's GEMV and q/k norm + RoPE reading a deferred norm's rows: the slices q/k/v leaves, rotated, written
+    into a cache (``kv_at_rope.py``) or inside the decode kernel (``rope_in_decode.py``)."""
+    from milestones.m05_paged_blocks.paged_attention import PagedKVCache
+    from milestones.m10_cuda_graphs.graph_runner import GraphDecodeAttention
+    from milestones.m13_quantization import epilogue_matmuls, kv_at_rope, rope_in_decode, sliced_sums
+    from milestones.m13_quantization.fp8_kv_cache import FP8PagedKVCache
+
     epilogue_matmuls.quantized_silu_and_mul(rows, w, s, "int4", config=config)
     epilogue_matmuls.quantized_silu_and_mul_int16(rows, w, s, "int4")  # a group a program (SILU_WORDS_GEMV)
     heads, kv_heads, dim = 24, 4, 128  # q/k/v: 4,096 outputs

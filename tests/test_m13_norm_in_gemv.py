@@ -5,8 +5,8 @@ last program of each group of outputs to count itself done adds the group's slic
 group's integers and sum of squares. The checks: the residual and the words are the two launches' to the bit
 (the same additions in the same order), the parts of the sum of squares add up to theirs, every counter is back
 at zero, for the table's blocks (two a group), blocks of a whole group and more, one slice or several, 1-4 rows;
-bad shapes and other matmuls are refused in one line; the decoder with it launches no norm of its own and gives
-the same output within the order of that sum.
+bad shapes and other matmuls are refused in one line; the decoder with it launches none of the norms between
+GEMVs and gives the same output within the order of that sum.
 """
 
 from __future__ import annotations
@@ -69,6 +69,27 @@ def test_the_gemvs_finish_writes_the_deferred_norms_rows(rows, block_n, split_k)
     assert not torch.equal(ours, residual)  # the residual stream was added to, in place
 
 
+def test_the_finish_adds_the_slices_in_slice_order():
+    """Slices whose order shows in the sum: x's first 256 inputs are 1,000 times its last ones and its second 256
+    their negation, over W's same columns, so slice 0's sums cancel slice 1's exactly and slice 2's are what is
+    left; added from the last slice first, slice 2's low bits would be lost in slice 1's rounding. The finish must
+    add them as the two launches do; and N of 384 over blocks of 256 rows (a unit cut by N) as well."""
+    gen = torch.Generator().manual_seed(7)
+    w = torch.randn(384, 768, generator=gen) * 0.05
+    w[:, 256:512] = w[:, :256]
+    packed, scales = quantize_int4(w)
+    packed, scales = tile_int4(packed).to(DEVICE), group_major(scales).to(DEVICE)
+    big = torch.randn(2, 256, generator=gen) * 1000
+    x = torch.cat([big, -big, torch.randn(2, 256, generator=gen)], dim=1).to(torch.bfloat16).to(DEVICE)
+    residual = torch.zeros(2, 384, dtype=torch.bfloat16, device=DEVICE)  # nothing to hide the sums' low bits
+    weight = torch.ones(384, dtype=torch.bfloat16, device=DEVICE)
+    for block_n in (64, 256):
+        (expected, theirs), (got, ours) = two_launches_and_one(x, packed, scales, residual, weight,
+                                                               config=replace(DP4A, block_n=block_n), split_k=3)
+        assert_same_norm(expected, got, theirs, ours)
+        assert ours.float().abs().max() < 10  # slices 0 and 1 cancelled: what is left is slice 2's
+
+
 def test_the_norm_in_the_gemv_refuses_what_it_cannot_do():
     gen = torch.Generator().manual_seed(0)
     packed, scales = int4_weight(256, 256, gen)
@@ -90,11 +111,11 @@ def test_the_norm_in_the_gemv_refuses_what_it_cannot_do():
                                     1e-6)
 
 
-def test_the_decoder_with_the_norm_in_the_gemv_launches_no_norm(monkeypatch):
+def test_the_decoders_norms_between_gemvs_come_from_their_finish(monkeypatch):
     """The tiny model's decoder at one row, int4 on the Triton kernels: with ``NORM_IN_GEMV_MAX_ROWS`` the three
-    norms between GEMVs (two layers; the final norm's reader is the LM head) come from o_proj's and down_proj's
-    finish, the deferred norm's kernel is never launched, and the output is the same within the order in which
-    the parts of the sum of squares are added."""
+    norms between GEMVs (two layers; the final norm's reader is the LM head, and layer 0's input norm is
+    ``first_norm``'s) come from o_proj's and down_proj's finish instead of ``deferred_add_rms_norm``'s launches,
+    and the output is the same within the order in which the parts of the sum of squares are added."""
     from milestones.m01_naive_loop.loader import build_model, init_random_, preset_config
     from milestones.m13_quantization.deferred_norm import DeferredRows
     from milestones.m13_quantization.epilogue_layers import EpilogueCausalLM

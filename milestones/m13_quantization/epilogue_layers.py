@@ -46,7 +46,7 @@ With ``ROPE_IN_DECODE`` the decode kernel's programs do that work themselves (``
 layer fewer, 22 µs a step at one row (the twenty-third guess, calls 122-128). With ``NORM_IN_GEMV_MAX_ROWS`` the
 deferred norm after o_proj and down_proj is done by their GEMV's finish, the last program of each group of outputs
 (``gemv_epilogues.deferred_norm_when_last``), and layer 0's input norm is the deferred one too (``first_norm``): the
-step 2.50-2.54x bf16's on three of four H200 hosts (the twenty-fourth guess, calls 129-133).
+step 2.50-2.54x bf16's in four of five H200 calls (the twenty-fourth guess, calls 129-134).
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ kernel after it can be done there, with no launch of its own:
   of 128 outputs, so it waits once. Each program stores its slice's sums and counts itself done on its group's
   counter; the last adds the group's slices (their loads together: their count is known when compiled) and the
   residual, and writes the group's integers and sum of squares (``deferred_norm_when_last``). On the H200 the
-  batch-1 step took 68 µs less than with the norm's own launch (``docs/int4-gemv-journal.md``, "A twenty-fourth
+  batch-1 step took 65-68 µs less than with the norm's own launches (``docs/int4-gemv-journal.md``, "A twenty-fourth
   guess").
 
 vLLM fuses the same neighbours in its own way (``fused_add_rms_norm`` and ``silu_and_mul`` are single kernels
